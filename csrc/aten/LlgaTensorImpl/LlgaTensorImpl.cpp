@@ -1,0 +1,56 @@
+#include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include "jit/codegen/onednn/runtime.h"
+
+namespace llga {
+
+LlgaTensorImpl::LlgaTensorImpl(c10::Storage&& storage, const caffe2::TypeMeta& dtype,
+                               const dnnl::graph::logical_tensor& desc)
+    : c10::TensorImpl(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::MkldnnCPU), dtype),
+      desc_(desc) {
+  set_sizes_contiguous(desc.get_dims());
+}
+
+at::Tensor empty_llga(const dnnl::graph::logical_tensor& desc, c10::ScalarType dtype) {
+  size_t nbytes = desc.get_mem_size();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator()->allocate(nbytes),
+                       c10::GetCPUAllocator(), /*resizable=*/false);
+  return at::detail::make_tensor<LlgaTensorImpl>(std::move(storage), c10::scalarTypeToTypeMeta(dtype), desc);
+}
+
+bool is_llga_tensor(const at::Tensor& t) {
+  return t.defined() && dynamic_cast<const LlgaTensorImpl*>(t.unsafeGetTensorImpl()) != nullptr;
+}
+
+const LlgaTensorImpl& llga_impl(const at::Tensor& t) {
+  return *static_cast<const LlgaTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+at::Tensor llga_to_dense(const at::Tensor& t) {
+  if (!is_llga_tensor(t)) return t;
+  const auto& impl = llga_impl(t);
+  const auto& src = impl.desc();
+  auto dims = src.get_dims();
+  at::Tensor out = at::empty(dims, at::TensorOptions().dtype(t.scalar_type()));
+  if (out.numel() == 0) return out;
+  // A one-op graph: Reorder from the opaque layout to plain strided.
+  using dnnl::graph::logical_tensor;
+  logical_tensor in_lt(0, src.get_data_type(), dims, src.get_layout_id());
+  logical_tensor out_lt(1, src.get_data_type(), dims, out.strides().vec());
+  dnnl::graph::op reorder(0, dnnl::graph::op::kind::Reorder, {in_lt}, {out_lt}, "to_dense");
+  dnnl::graph::graph g(dnnl::engine::kind::cpu);
+  g.add_op(reorder);
+  g.finalize();
+  auto parts = g.get_partitions();
+  TORCH_CHECK(parts.size() == 1 && parts[0].is_supported(), "torch_llga: cannot reorder an LLGA tensor to strided");
+  auto cp = parts[0].compile({in_lt}, {out_lt}, runtime::engine());
+  dnnl::graph::tensor in(in_lt, runtime::engine(), impl.data());
+  dnnl::graph::tensor o(out_lt, runtime::engine(), out.data_ptr());
+  cp.execute(runtime::stream(), {in}, {o});
+  return out;
+}
+
+}  // namespace llga

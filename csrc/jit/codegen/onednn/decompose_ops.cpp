@@ -1,0 +1,109 @@
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/passes/subgraph_rewrite.h>
+
+#include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/type_inference.h"
+
+namespace llga {
+
+namespace {
+
+using torch::jit::Match;
+using torch::jit::SubgraphRewriter;
+
+bool string_constant_is(const std::unordered_map<std::string, Value*>& vmap, const char* name, const char* expected) {
+  auto v = torch::jit::toIValue(vmap.at(name));
+  return v && v->isString() && v->toStringRef() == expected;
+}
+
+// silu(x) = x * sigmoid(x): oneDNN fuses the pair as a binary post-op.
+const char* kSilu = R"IR(
+graph(%x):
+  %r = aten::silu(%x)
+  return (%r))IR";
+const char* kSiluDecomposed = R"IR(
+graph(%x):
+  %s = aten::sigmoid(%x)
+  %r = aten::mul(%x, %s)
+  return (%r))IR";
+
+// gelu(x, approximate="tanh"): oneDNN v3.2's GELU is the erf form only, so spell out the tanh form
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in ops it has.
+const char* kGelu = R"IR(
+graph(%x, %approximate):
+  %r = aten::gelu(%x, %approximate)
+  return (%r))IR";
+const char* kGeluTanhDecomposed = R"IR(
+graph(%x, %approximate):
+  %half = prim::Constant[value=0.5]()
+  %one = prim::Constant[value=1.]()
+  %alpha = prim::Constant[value=1]()
+  %kappa = prim::Constant[value=0.044715]()
+  %beta = prim::Constant[value=0.79788456080286541]()
+  %x2 = aten::mul(%x, %x)
+  %x3 = aten::mul(%x2, %x)
+  %kx3 = aten::mul(%x3, %kappa)
+  %inner = aten::add(%x, %kx3, %alpha)
+  %scaled = aten::mul(%inner, %beta)
+  %t = aten::tanh(%scaled)
+  %t1 = aten::add(%t, %one, %alpha)
+  %hx = aten::mul(%x, %half)
+  %r = aten::mul(%hx, %t1)
+  return (%r))IR";
+
+// addmm(bias, a, b, beta, alpha) = alpha (a @ b) + beta bias; prepare_binary drops the products by 1.
+const char* kAddmm = R"IR(
+graph(%bias, %a, %b, %beta, %alpha):
+  %r = aten::addmm(%bias, %a, %b, %beta, %alpha)
+  return (%r))IR";
+const char* kAddmmDecomposed = R"IR(
+graph(%bias, %a, %b, %beta, %alpha):
+  %one = prim::Constant[value=1]()
+  %mm = aten::mm(%a, %b)
+  %scaled = aten::mul(%mm, %alpha)
+  %scaled_bias = aten::mul(%bias, %beta)
+  %r = aten::add(%scaled, %scaled_bias, %one)
+  return (%r))IR";
+
+// Dropout in eval mode is the identity.
+void remove_eval_dropout(torch::jit::Block* block) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* n = *it++;
+    for (auto* b : n->blocks()) remove_eval_dropout(b);
+    if (n->matches("aten::dropout(Tensor input, float p, bool train) -> Tensor") &&
+        torch::jit::constant_as<bool>(n->input(2)) == false) {
+      n->output()->replaceAllUsesWith(n->input(0));
+      n->destroy();
+    }
+  }
+}
+
+}  // namespace
+
+void DecomposeOps(std::shared_ptr<Graph>& g) {
+  SubgraphRewriter silu;
+  silu.RegisterRewritePattern(kSilu, kSiluDecomposed);
+  silu.runOnGraph(g);
+
+  SubgraphRewriter gelu;
+  gelu.RegisterRewritePattern(kGelu, kGeluTanhDecomposed);
+  gelu.runOnGraph(g, [](const Match&, const std::unordered_map<std::string, Value*>& vmap) {
+    return string_constant_is(vmap, "approximate", "tanh");
+  });
+
+  SubgraphRewriter addmm;
+  addmm.RegisterRewritePattern(kAddmm, kAddmmDecomposed);
+  addmm.runOnGraph(g, [](const Match&, const std::unordered_map<std::string, Value*>& vmap) {
+    // beta == 0 means "ignore bias" (NaN in it included): keep addmm then.
+    auto beta = torch::jit::toIValue(vmap.at("beta"));
+    auto alpha = torch::jit::toIValue(vmap.at("alpha"));
+    return beta && alpha && beta->isScalar() && alpha->isScalar() && beta->toScalar().toDouble() != 0;
+  });
+
+  remove_eval_dropout(g->block());
+  fill_missing_types(g->block());
+  GRAPH_DUMP("After DecomposeOps", g);
+}
+
+}  // namespace llga

@@ -1,0 +1,138 @@
+#include "jit/codegen/onednn/graph_builder.h"
+
+#include <torch/csrc/jit/jit_log.h>
+
+#include <algorithm>
+
+#include "jit/codegen/onednn/op_table.h"
+
+namespace llga {
+
+using dnnl::graph::logical_tensor;
+using torch::jit::TensorType;
+
+namespace {
+
+// Wildcards also carry dtypes PyTorch-only ops use; mapped ops are limited to f32/bf16 by the table.
+logical_tensor::data_type wildcard_dtype(const TensorType& t) {
+  using dt = logical_tensor::data_type;
+  if (!t.scalarType()) return dt::undef;
+  if (auto d = to_dnnl_dtype(*t.scalarType())) return *d;
+  switch (*t.scalarType()) {
+    case c10::ScalarType::Half: return dt::f16;
+    case c10::ScalarType::Int: return dt::s32;
+    case c10::ScalarType::Char: return dt::s8;
+    case c10::ScalarType::Byte: return dt::u8;
+    case c10::ScalarType::Bool: return dt::boolean;
+    default: return dt::undef;
+  }
+}
+
+// Tensor values a node reads, including list elements and reads inside its sub-blocks.
+void tensor_reads(Node* n, std::vector<Value*>& out) {
+  for (Value* v : n->inputs()) {
+    if (is_tensor(v)) {
+      out.push_back(v);
+    } else if (v->node()->kind() == c10::prim::ListConstruct || v->node()->kind() == c10::prim::TupleConstruct) {
+      for (Value* e : v->node()->inputs())
+        if (is_tensor(e)) out.push_back(e);
+    }
+  }
+  for (Block* b : n->blocks()) {
+    for (Node* inner : b->nodes()) tensor_reads(inner, out);
+    for (Value* v : b->outputs())
+      if (is_tensor(v)) out.push_back(v);
+  }
+}
+
+std::vector<logical_tensor> lts(const std::vector<Value*>& values) {
+  std::vector<logical_tensor> r;
+  r.reserve(values.size());
+  for (const Value* v : values) r.push_back(value_lt(v));
+  return r;
+}
+
+std::vector<Value*> tensor_outputs(Node* n) {
+  std::vector<Value*> r;
+  for (Value* v : n->outputs())
+    if (is_tensor(v)) r.push_back(v);
+  return r;
+}
+
+}  // namespace
+
+bool is_constant(const Value* v) { return v->node()->kind() == c10::prim::Constant; }
+
+logical_tensor value_lt(const Value* v) {
+  auto t = v->type()->cast<TensorType>();
+  auto prop = is_constant(v) ? logical_tensor::property_type::constant : logical_tensor::property_type::variable;
+  auto dtype = t ? wildcard_dtype(*t) : logical_tensor::data_type::undef;
+  if (t) {
+    auto sizes = t->sizes().concrete_sizes();
+    auto strides = t->strides().concrete_sizes();
+    if (sizes && strides) return logical_tensor(v->unique(), dtype, *sizes, *strides, prop);
+    if (t->dim())
+      return logical_tensor(v->unique(), dtype, static_cast<int32_t>(*t->dim()), logical_tensor::layout_type::undef, prop);
+  }
+  return logical_tensor(v->unique(), dtype, DNNL_GRAPH_UNKNOWN_NDIMS, logical_tensor::layout_type::undef, prop);
+}
+
+std::vector<Node*> BuiltGraph::nodes_of(const dnnl::graph::partition& p) const {
+  std::vector<Node*> r;
+  for (size_t id : p.get_ops()) {
+    auto it = op_nodes.find(id);
+    if (it != op_nodes.end()) r.push_back(it->second);
+  }
+  std::sort(r.begin(), r.end(), [](Node* a, Node* b) { return a->isBefore(b); });
+  return r;
+}
+
+const dnnl::graph::partition* BuiltGraph::single_partition() const {
+  const dnnl::graph::partition* found = nullptr;
+  for (const auto& p : partitions) {
+    if (!p.is_supported()) continue;
+    if (found) return nullptr;
+    found = &p;
+  }
+  return found && found->get_ops_num() == op_nodes.size() ? found : nullptr;
+}
+
+BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
+  BuiltGraph built;
+  dnnl::graph::graph g(dnnl::engine::kind::cpu);
+  size_t next_id = 0;
+
+  auto add_wildcard = [&](Node* n) {
+    std::vector<Value*> reads;
+    tensor_reads(n, reads);
+    auto outs = tensor_outputs(n);
+    if (reads.empty() && outs.empty()) return;
+    g.add_op(op(next_id++, op::kind::Wildcard, lts(reads), lts(outs), n->kind().toQualString()));
+  };
+
+  for (Node* n : block->nodes()) {
+    if (n->kind() == c10::prim::Constant) continue;
+    std::optional<OpSpec> spec = opts.may_map(n) ? map_node(n) : std::nullopt;
+    if (!spec) {
+      add_wildcard(n);
+      continue;
+    }
+    op o(next_id, spec->kind, lts(spec->inputs), lts(tensor_outputs(n)), n->kind().toUnqualString());
+    for (auto& [name, value] : spec->attrs) std::visit([&](const auto& v) { o.set_attr(name, v); }, value);
+    try {
+      g.add_op(o);  // oneDNN validates the op here: a rejected op stays in PyTorch
+      built.op_nodes[next_id++] = n;
+    } catch (const dnnl::error& e) {
+      GRAPH_DEBUG("oneDNN rejected ", n->kind().toQualString(), " (", e.what(), "): left to PyTorch");
+      add_wildcard(n);
+    }
+  }
+  for (Value* v : block->outputs())
+    if (is_tensor(v)) g.add_op(op(next_id++, op::kind::End, lts({v}), {}, "end"));
+
+  g.finalize();
+  built.partitions = g.get_partitions(dnnl::graph::partition::policy::fusion);
+  return built;
+}
+
+}  // namespace llga

@@ -1,0 +1,143 @@
+// The graph fuser: asks oneDNN to partition each block and turns every supported partition that is
+// worth it into one llga::FusionGroup node holding the partition's nodes as its subgraph.
+#include <torch/csrc/jit/ir/alias_analysis.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/utils/subgraph_utils.h>
+
+#include <unordered_set>
+
+#include "jit/codegen/onednn/graph_builder.h"
+#include "jit/codegen/onednn/op_table.h"
+#include "jit/codegen/onednn/passes.h"
+
+namespace llga {
+
+namespace SubgraphUtils = torch::jit::SubgraphUtils;
+using torch::jit::AliasDb;
+
+namespace {
+
+// Whether n (or anything inside its blocks) reads one of the values.
+bool reads_any(const Node* n, const std::unordered_set<const Value*>& values) {
+  for (const Value* v : n->inputs())
+    if (values.count(v)) return true;
+  for (const auto* b : n->blocks())
+    for (const Node* inner : b->nodes())
+      if (reads_any(inner, values)) return true;
+  for (const auto* b : n->blocks())
+    for (const Value* v : b->outputs())
+      if (values.count(v)) return true;
+  return false;
+}
+
+// The partition's nodes may be interleaved with others. Moves every non-member that depends on a
+// member to after the last member, so all members can become one node at the last member's place.
+// False if that is impossible (a member depends on such a node through an edge oneDNN did not see,
+// e.g. a shape read) or the alias analysis forbids a move.
+bool gather(const std::vector<Node*>& members, AliasDb& db) {
+  std::unordered_set<const Node*> in_partition(members.begin(), members.end());
+  std::unordered_set<const Value*> member_outputs, moved_outputs;
+  std::vector<Node*> to_move;
+  Node* last = members.back();
+  for (Node* n = members.front(); n != last; n = n->next()) {
+    if (in_partition.count(n)) {
+      if (reads_any(n, moved_outputs)) return false;
+      member_outputs.insert(n->outputs().begin(), n->outputs().end());
+    } else if (reads_any(n, member_outputs) || reads_any(n, moved_outputs)) {
+      to_move.push_back(n);
+      moved_outputs.insert(n->outputs().begin(), n->outputs().end());
+    }
+  }
+  if (reads_any(last, moved_outputs)) return false;
+  for (auto it = to_move.rbegin(); it != to_move.rend(); ++it)
+    if (!db.moveAfterTopologicallyValid(*it, last)) return false;
+  return true;
+}
+
+// The kernel rebuilds the partition from the subgraph; it must come back as exactly one.
+bool forms_one_partition(Node* group) {
+  return build_graph(group->g(c10::attr::Subgraph)->block(), BuildOptions{}).single_partition() != nullptr;
+}
+
+std::string describe(const std::vector<Node*>& nodes) {
+  std::string s;
+  for (Node* n : nodes) {
+    if (n->kind() == c10::prim::ListConstruct) continue;
+    s += (s.empty() ? "" : ", ") + std::string(n->kind().toQualString());
+  }
+  return s;
+}
+
+void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& groups) {
+  for (Node* n : block->nodes())
+    for (auto* b : n->blocks()) fuse_block(b, db, groups);
+
+  BuildOptions opts;
+  // A node whose tensors are written in place elsewhere keeps its place in program order.
+  opts.may_map = [&](const Node* n) { return !db.hasWriters(n); };
+  BuiltGraph built = build_graph(block, opts);
+
+  std::vector<std::vector<Node*>> partitions;
+  for (const auto& p : built.partitions) {
+    std::vector<Node*> nodes = built.nodes_of(p);
+    if (!p.is_supported() || nodes.empty()) continue;
+    if (nodes.size() == 1 && !(find_entry(nodes[0])->flags & kWorthAlone)) {
+      GRAPH_DEBUG("Not worth a group alone: ", nodes[0]->kind().toQualString());
+      continue;
+    }
+    partitions.push_back(std::move(nodes));
+  }
+
+  for (auto& nodes : partitions) {
+    for (size_t i = nodes.size(); i-- > 0;) {  // cat's list travels with it
+      if (nodes[i]->kind() == c10::aten::cat) nodes.insert(nodes.begin() + i, nodes[i]->input(0)->node());
+    }
+    std::string ops = describe(nodes);
+    if (!gather(nodes, db)) {
+      GRAPH_DEBUG("Partition [", ops, "] cannot be made contiguous in the graph: left to PyTorch");
+      continue;
+    }
+    Node* group = SubgraphUtils::createSingletonSubgraphAndUpdateAliasing(nodes.back(), kFusionGroup, db);
+    for (auto it = nodes.rbegin() + 1; it != nodes.rend(); ++it)
+      SubgraphUtils::mergeNodeIntoSubgraphAndUpdateAliasing(*it, group, db);
+    groups.push_back(group);
+    GRAPH_DEBUG("Fusion group of [", ops, "]");
+  }
+}
+
+// A list that cat reads and something else reads too gets a private copy for cat, so the list
+// construction can move into cat's group.
+void give_cat_private_lists(torch::jit::Block* block) {
+  for (Node* n : block->nodes()) {
+    for (auto* b : n->blocks()) give_cat_private_lists(b);
+    if (n->kind() != c10::aten::cat) continue;
+    Node* list = n->input(0)->node();
+    if (list->kind() != c10::prim::ListConstruct || list->output()->uses().size() == 1) continue;
+    Node* copy = block->owningGraph()->createClone(list, [](Value* v) { return v; });
+    copy->insertBefore(n);
+    n->replaceInput(0, copy->output());
+  }
+}
+
+}  // namespace
+
+void FuseGraph(std::shared_ptr<Graph>& g) {
+  give_cat_private_lists(g->block());
+  std::vector<Node*> groups;
+  {
+    AliasDb db(g);
+    fuse_block(g->block(), db, groups);
+  }
+  for (Node* group : groups) {
+    if (!forms_one_partition(group)) {
+      GRAPH_DEBUG("A group does not re-form one partition; unfused:\n", *group->g(c10::attr::Subgraph));
+      SubgraphUtils::unmergeSubgraph(group);
+    }
+  }
+  torch::jit::EliminateDeadCode(g);
+  GRAPH_DUMP("After FuseGraph", g);
+}
+
+}  // namespace llga

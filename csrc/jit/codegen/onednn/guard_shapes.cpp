@@ -1,0 +1,83 @@
+// Each fusion group was built for the profiled sizes, strides, dtypes and devices of its inputs.
+// In front of each group goes an llga::Guard that checks them at run time:
+//
+//   %x.checked, %ok = llga::Guard[types=[Float(1, 3, 224, 224, strides=...)]](%x)
+//   %y = prim::If(%ok)
+//     block0(): %y.1 = llga::FusionGroup(%x.checked, %weight)      -> fused
+//     block1(): %y.2 = prim::FallbackGraph(%x.checked, %weight)    -> the unfused ops, which the
+//                                                                    executor profiles on its own
+// On a mismatch the guard also turns any LLGA (opaque) tensor into a strided one for the fallback.
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+
+#include "jit/codegen/onednn/op_table.h"
+#include "jit/codegen/onednn/passes.h"
+
+namespace llga {
+
+using torch::jit::Block;
+
+namespace {
+
+void insert_guard(Node* group) {
+  Graph* g = group->owningGraph();
+  std::vector<Value*> checked;
+  std::vector<c10::TypePtr> types;
+  for (Value* v : group->inputs()) {
+    if (!is_tensor(v) || v->node()->kind() == c10::prim::Constant) continue;  // constants cannot change
+    checked.push_back(v);
+    types.push_back(v->type());
+  }
+
+  Node* guard = g->create(kGuard, checked, checked.size() + 1)->insertBefore(group);
+  guard->tys_(c10::attr::types, types);
+  std::unordered_map<Value*, Value*> checked_value;
+  for (size_t i = 0; i < checked.size(); ++i) {
+    guard->output(i)->setType(checked[i]->type());
+    checked_value[checked[i]] = guard->output(i);
+  }
+  Value* ok = guard->output(checked.size())->setType(c10::BoolType::get());
+
+  std::vector<Value*> inputs;
+  for (Value* v : group->inputs()) inputs.push_back(checked_value.count(v) ? checked_value.at(v) : v);
+
+  Node* branch = g->create(c10::prim::If, {ok}, group->outputs().size())->insertAfter(guard);
+  for (size_t i = 0; i < group->outputs().size(); ++i) {
+    branch->output(i)->setType(group->output(i)->type());
+    group->output(i)->replaceAllUsesWith(branch->output(i));
+  }
+  Block* fused = branch->addBlock();
+  Block* fallback = branch->addBlock();
+
+  {
+    torch::jit::WithInsertPoint point(fallback->return_node());
+    auto outs = torch::jit::insertGraph(*g, *group->g(c10::attr::Subgraph), inputs);
+    for (Value* v : outs) fallback->registerOutput(v);
+    torch::jit::removeTensorTypeSpecializations(fallback);
+    torch::jit::replaceBlockWithFallbackGraph(fallback, inputs);
+  }
+
+  group->moveBefore(fused->return_node());
+  for (size_t i = 0; i < group->inputs().size(); ++i) group->replaceInput(i, inputs[i]);
+  for (Value* v : group->outputs()) fused->registerOutput(v);
+}
+
+void collect_groups(Block* block, std::vector<Node*>& groups) {
+  for (Node* n : block->nodes()) {
+    for (auto* b : n->blocks()) collect_groups(b, groups);
+    if (n->kind() == kFusionGroup) groups.push_back(n);
+  }
+}
+
+}  // namespace
+
+void InsertGuards(std::shared_ptr<Graph>& g) {
+  std::vector<Node*> groups;
+  collect_groups(g->block(), groups);
+  for (Node* group : groups) insert_guard(group);
+  GRAPH_DUMP("After InsertGuards", g);
+}
+
+}  // namespace llga

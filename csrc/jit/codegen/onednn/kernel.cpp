@@ -1,0 +1,253 @@
+#include "jit/codegen/onednn/kernel.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/strides.h>
+#include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
+#include <torch/csrc/jit/runtime/operator.h>
+
+#include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "jit/codegen/onednn/graph_builder.h"
+#include "jit/codegen/onednn/op_table.h"
+#include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/runtime.h"
+
+namespace llga {
+
+using dnnl::graph::logical_tensor;
+using torch::jit::Stack;
+using torch::jit::TensorType;
+
+namespace {
+
+constexpr size_t kCacheCapacity = 16;  // compilations kept per group
+
+void* data_of(const at::Tensor& t) {
+  return is_llga_tensor(t) ? llga_impl(t).data() : const_cast<void*>(t.const_data_ptr());
+}
+
+// A tensor oneDNN can read in place: LLGA, or strided without gaps or overlaps.
+at::Tensor readable(const at::Tensor& t) {
+  if (is_llga_tensor(t) || t.is_non_overlapping_and_dense()) return t;
+  return t.contiguous();
+}
+
+void append_key(std::vector<int64_t>& key, const at::Tensor& t) {
+  key.push_back(static_cast<int64_t>(t.scalar_type()));
+  if (is_llga_tensor(t)) {
+    const auto& d = llga_impl(t).desc();
+    key.push_back(d.get_layout_type() == logical_tensor::layout_type::opaque ? static_cast<int64_t>(d.get_layout_id()) : -2);
+    key.push_back(t.dim());
+    for (auto s : t.sizes()) key.push_back(s);
+    if (d.get_layout_type() == logical_tensor::layout_type::strided)
+      for (auto s : d.get_strides()) key.push_back(s);
+  } else {
+    key.push_back(-1);
+    key.push_back(t.dim());
+    for (auto s : t.sizes()) key.push_back(s);
+    for (auto s : t.strides()) key.push_back(s);
+  }
+}
+
+}  // namespace
+
+FusionKernel::FusionKernel(const torch::jit::Node* node)
+    : subgraph_(node->g(c10::attr::Subgraph)), num_inputs_(node->inputs().size()) {
+  auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
+  for (size_t j = 0; j < node->outputs().size(); ++j) opaque_output_.push_back(j < opaque.size() && opaque[j]);
+
+  auto built = build_graph(subgraph_->block(), BuildOptions{});
+  const dnnl::graph::partition* partition = built.single_partition();
+  if (!partition) {
+    whole_fallback_ = true;
+    return;
+  }
+  partition_ = *partition;
+
+  std::unordered_map<size_t, size_t> input_of_id, output_of_id;
+  std::unordered_map<size_t, at::Tensor> constant_of_id;
+  for (size_t i = 0; i < subgraph_->inputs().size(); ++i) input_of_id[subgraph_->inputs()[i]->unique()] = i;
+  for (size_t j = 0; j < subgraph_->outputs().size(); ++j) output_of_id[subgraph_->outputs()[j]->unique()] = j;
+  for (Node* n : subgraph_->nodes())
+    if (n->kind() == c10::prim::Constant && is_tensor(n->output()))
+      constant_of_id[n->output()->unique()] = readable(torch::jit::toIValue(n->output())->toTensor());
+  for (const auto& lt : partition_.get_input_ports()) {
+    auto in = input_of_id.find(lt.get_id());
+    auto constant = constant_of_id.find(lt.get_id());
+    if (in == input_of_id.end() && constant == constant_of_id.end()) { whole_fallback_ = true; return; }
+    in_port_input_.push_back(in != input_of_id.end() ? in->second : kConstantPort);
+    in_port_constant_.push_back(in != input_of_id.end() ? at::Tensor() : constant->second);
+    in_port_id_.push_back(lt.get_id());
+  }
+  output_port_.assign(subgraph_->outputs().size(), SIZE_MAX);
+  for (const auto& lt : partition_.get_output_ports()) {
+    auto it = output_of_id.find(lt.get_id());
+    if (it == output_of_id.end()) { whole_fallback_ = true; return; }
+    output_port_[it->second] = out_port_id_.size();
+    out_port_id_.push_back(lt.get_id());
+  }
+  for (size_t j = 0; j < output_port_.size(); ++j)
+    if (output_port_[j] == SIZE_MAX) { whole_fallback_ = true; return; }
+
+  // Outputs PyTorch reads get the profiled strides (eager's memory format) when dense, else contiguous.
+  for (size_t p = 0; p < out_port_id_.size(); ++p) {
+    size_t j = 0;
+    while (output_port_[j] != p) ++j;
+    auto t = subgraph_->outputs()[j]->type()->expect<TensorType>();
+    auto sizes = *t->sizes().concrete_sizes();
+    auto strides = *t->strides().concrete_sizes();
+    if (!at::empty_strided(sizes, strides, at::TensorOptions().device(at::kMeta)).is_non_overlapping_and_dense())
+    {
+      auto contiguous = c10::contiguous_strides(sizes);
+      strides.assign(contiguous.begin(), contiguous.end());
+    }
+    out_sizes_.push_back(sizes);
+    out_strides_.push_back(strides);
+    out_dtypes_.push_back(*t->scalarType());
+  }
+}
+
+void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
+  for (size_t p = 0; p < in_port_id_.size(); ++p) {
+    bool constant = in_port_input_[p] == kConstantPort;
+    const at::Tensor& t = constant ? in_port_constant_[p] : inputs[in_port_input_[p]];
+    auto prop = constant ? logical_tensor::property_type::constant : logical_tensor::property_type::variable;
+    if (is_llga_tensor(t)) {
+      const auto& d = llga_impl(t).desc();
+      c.inputs.push_back(d.get_layout_type() == logical_tensor::layout_type::opaque
+                             ? logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_layout_id(), prop)
+                             : logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_strides(), prop));
+    } else {
+      c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), t.sizes().vec(), t.strides().vec(), prop);
+    }
+  }
+  std::vector<logical_tensor> outputs;
+  for (size_t p = 0; p < out_port_id_.size(); ++p) {
+    size_t j = 0;
+    while (output_port_[j] != p) ++j;
+    auto dtype = *to_dnnl_dtype(out_dtypes_[p]);
+    outputs.push_back(opaque_output_[j]
+                          ? logical_tensor(out_port_id_[p], dtype, out_sizes_[p], logical_tensor::layout_type::any)
+                          : logical_tensor(out_port_id_[p], dtype, out_sizes_[p], out_strides_[p]));
+  }
+  try {
+    c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
+    for (size_t p = 0; p < out_port_id_.size(); ++p) c.outputs.push_back(c.partition.query_logical_tensor(out_port_id_[p]));
+  } catch (const dnnl::error& e) {
+    GRAPH_DEBUG("oneDNN could not compile the partition (", e.what(), "); running it unfused:\n", *subgraph_);
+    c.fallback = true;
+  }
+}
+
+FusionKernel::Compiled& FusionKernel::compiled_for(const std::vector<at::Tensor>& inputs) {
+  std::vector<int64_t> key;
+  key.reserve(in_port_input_.size() * 10);
+  for (size_t i : in_port_input_)
+    if (i != kConstantPort) append_key(key, inputs[i]);
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+    if (it->key == key) {
+      if (it != cache_.begin()) cache_.splice(cache_.begin(), cache_, it);
+      return cache_.front();
+    }
+  }
+  if (cache_.size() >= kCacheCapacity) cache_.pop_back();
+  cache_.emplace_front();
+  Compiled& c = cache_.front();
+  c.key = std::move(key);
+  compile(c, inputs);
+  return c;
+}
+
+void FusionKernel::run_fallback(Stack& stack, std::vector<at::Tensor>& inputs) {
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    if (!fallback_code_) fallback_code_ = std::make_unique<torch::jit::Code>(subgraph_->copy(), "llga_fallback");
+  }
+  torch::jit::drop(stack, num_inputs_);
+  for (auto& t : inputs) stack.emplace_back(llga_to_dense(t));
+  torch::jit::InterpreterState(*fallback_code_).run(stack);
+}
+
+void FusionKernel::run(Stack& stack) {
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(num_inputs_);
+  for (auto& v : torch::jit::last(stack, num_inputs_)) inputs.push_back(readable(v.toTensor()));
+  if (whole_fallback_) return run_fallback(stack, inputs);
+  Compiled& c = compiled_for(inputs);
+  if (c.fallback) return run_fallback(stack, inputs);
+
+  std::vector<at::Tensor> outs;
+  std::vector<dnnl::graph::tensor> in_tensors, out_tensors;
+  for (size_t p = 0; p < c.inputs.size(); ++p)
+    in_tensors.emplace_back(c.inputs[p], runtime::engine(),
+                            data_of(in_port_input_[p] == kConstantPort ? in_port_constant_[p] : inputs[in_port_input_[p]]));
+  for (size_t p = 0; p < c.outputs.size(); ++p) {
+    const auto& lt = c.outputs[p];
+    at::Tensor t = lt.get_layout_type() == logical_tensor::layout_type::strided
+                       ? at::empty_strided(out_sizes_[p], lt.get_strides(), at::TensorOptions().dtype(out_dtypes_[p]))
+                       : empty_llga(lt, out_dtypes_[p]);
+    out_tensors.emplace_back(lt, runtime::engine(), data_of(t));
+    outs.push_back(std::move(t));
+  }
+  {
+    std::lock_guard<std::mutex> lock(c.execute_mutex);
+    c.partition.execute(runtime::stream(), in_tensors, out_tensors);
+  }
+  torch::jit::drop(stack, num_inputs_);
+  for (size_t j = 0; j < output_port_.size(); ++j) stack.emplace_back(outs[output_port_[j]]);
+}
+
+namespace {
+
+// The llga::Guard operator (see guard_shapes.cpp): true when every input still has its profiled
+// dtype, device, sizes and strides (strides of size-1 dims do not matter; an LLGA tensor's layout
+// was chosen by our own upstream group).
+struct Expected {
+  c10::ScalarType dtype;
+  c10::Device device;
+  std::vector<int64_t> sizes, strides;
+};
+
+bool matches(const at::Tensor& t, const Expected& e) {
+  if (!t.defined() || t.scalar_type() != e.dtype || t.device() != e.device) return false;
+  if (at::GradMode::is_enabled() && t.requires_grad()) return false;
+  if (t.sizes() != c10::IntArrayRef(e.sizes)) return false;
+  if (is_llga_tensor(t)) return true;
+  auto st = t.strides();
+  for (size_t d = 0; d < e.sizes.size(); ++d)
+    if (e.sizes[d] != 1 && st[d] != e.strides[d]) return false;
+  return true;
+}
+
+torch::jit::Operation make_guard(const torch::jit::Node* node) {
+  std::vector<Expected> expected;
+  for (const auto& type : node->tys(c10::attr::types)) {
+    auto t = type->expect<TensorType>();
+    expected.push_back({*t->scalarType(), *t->device(), *t->sizes().concrete_sizes(), *t->strides().concrete_sizes()});
+  }
+  return [expected](Stack& stack) {
+    size_t n = expected.size();
+    auto inputs = torch::jit::last(stack, n);
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), expected[i]);
+    if (!ok)  // the fallback runs PyTorch ops: no opaque tensor may reach them
+      for (size_t i = 0; i < n; ++i) stack[stack.size() - n + i] = llga_to_dense(stack[stack.size() - n + i].toTensor());
+    stack.emplace_back(ok);
+  };
+}
+
+torch::jit::RegisterOperators registered({
+    torch::jit::Operator(
+        kFusionGroup,
+        [](const torch::jit::Node* node) -> torch::jit::Operation {
+          auto kernel = std::make_shared<FusionKernel>(node);
+          return [kernel](Stack& stack) { kernel->run(stack); };
+        },
+        c10::AliasAnalysisKind::PURE_FUNCTION),
+    torch::jit::Operator(kGuard, make_guard, c10::AliasAnalysisKind::CONSERVATIVE),
+});
+
+}  // namespace
+
+}  // namespace llga

@@ -1,0 +1,57 @@
+#pragma once
+// The llga::FusionGroup operator: compiles its partition on first use for the actual inputs,
+// caches the compiled partition keyed by the inputs' sizes, strides (or opaque layout) and dtypes,
+// and executes it on the tensors' own memory.
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+
+#include <ATen/Tensor.h>
+#include <oneapi/dnnl/dnnl_graph.hpp>
+
+#include <list>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace llga {
+
+class FusionKernel {
+ public:
+  explicit FusionKernel(const torch::jit::Node* node);
+  void run(torch::jit::Stack& stack);
+
+ private:
+  static constexpr size_t kConstantPort = SIZE_MAX;
+
+  // One compilation: for inputs with exactly these layouts.
+  struct Compiled {
+    std::vector<int64_t> key;  // per input port: dtype, layout id or -1, ndim, sizes, strides
+    std::vector<dnnl::graph::logical_tensor> inputs, outputs;  // as compiled / as queried
+    dnnl::graph::compiled_partition partition;
+    bool fallback = false;  // oneDNN could not compile this: run the unfused subgraph
+    std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
+  };
+
+  Compiled& compiled_for(const std::vector<at::Tensor>& inputs);
+  void compile(Compiled& c, const std::vector<at::Tensor>& inputs);
+  void run_fallback(torch::jit::Stack& stack, std::vector<at::Tensor>& inputs);
+
+  std::shared_ptr<torch::jit::Graph> subgraph_;
+  size_t num_inputs_ = 0;
+  bool whole_fallback_ = false;  // the subgraph did not re-form one partition
+  dnnl::graph::partition partition_;
+  std::vector<size_t> in_port_input_;    // input port -> group input index (kConstantPort: a weight)
+  std::vector<at::Tensor> in_port_constant_;  // input port -> the frozen constant it reads
+  std::vector<size_t> in_port_id_;
+  std::vector<size_t> out_port_id_;
+  std::vector<size_t> output_port_;      // group output -> output port
+  std::vector<bool> opaque_output_;
+  std::vector<std::vector<int64_t>> out_sizes_, out_strides_;
+  std::vector<c10::ScalarType> out_dtypes_;
+
+  std::mutex cache_mutex_;
+  std::list<Compiled> cache_;  // most recently used first
+  std::unique_ptr<torch::jit::Code> fallback_code_;
+};
+
+}  // namespace llga

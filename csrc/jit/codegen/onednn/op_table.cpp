@@ -1,0 +1,416 @@
+#include "jit/codegen/onednn/op_table.h"
+
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/runtime/operator.h>
+
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+namespace llga {
+
+using torch::jit::TensorType;
+using torch::jit::toIValue;
+using K = op::kind;
+using A = op::attr;
+using Ints = std::vector<int64_t>;
+
+namespace {
+
+// ---- reading constant arguments off a node -------------------------------------------------
+std::optional<c10::IValue> arg(const Node* n, size_t i) { return toIValue(n->input(i)); }
+bool is_none(const Node* n, size_t i) { auto v = arg(n, i); return v && v->isNone(); }
+std::optional<int64_t> int_arg(const Node* n, size_t i) {
+  auto v = arg(n, i);
+  return v && v->isInt() ? std::optional<int64_t>(v->toInt()) : std::nullopt;
+}
+std::optional<double> scalar_arg(const Node* n, size_t i) {
+  auto v = arg(n, i);
+  if (v && v->isInt()) return static_cast<double>(v->toInt());
+  if (v && v->isDouble()) return v->toDouble();
+  return std::nullopt;
+}
+std::optional<bool> bool_arg(const Node* n, size_t i) {
+  auto v = arg(n, i);
+  return v && v->isBool() ? std::optional<bool>(v->toBool()) : std::nullopt;
+}
+std::optional<Ints> ints_arg(const Node* n, size_t i) {
+  auto v = arg(n, i);
+  return v && v->isIntList() ? std::optional<Ints>(v->toIntVector()) : std::nullopt;
+}
+std::optional<std::string> str_arg(const Node* n, size_t i) {
+  auto v = arg(n, i);
+  return v && v->isString() ? std::optional<std::string>(v->toStringRef()) : std::nullopt;
+}
+
+int64_t rank(const Value* v) {
+  auto t = v->type()->cast<TensorType>();
+  return t && t->dim() ? static_cast<int64_t>(*t->dim()) : -1;
+}
+Ints sizes(const Value* v) {
+  auto s = v->type()->expect<TensorType>()->sizes().concrete_sizes();
+  return s ? *s : Ints{};
+}
+int64_t wrap_dim(int64_t d, int64_t r) { return d < 0 ? d + r : d; }
+
+// A pooling/conv list argument as n spatial values: PyTorch allows one value for all dims.
+std::optional<Ints> spatial(std::optional<Ints> v, size_t n) {
+  if (!v) return std::nullopt;
+  if (v->size() == 1 && n > 1) return Ints(n, (*v)[0]);
+  return v->size() == n ? v : std::nullopt;
+}
+
+// ---- builders: one per family of ops -------------------------------------------------------
+bool unary(const Node* n, OpSpec& s) { s.in(n->input(0)); return true; }
+bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); return true; }
+bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split out by prepare_binary
+  auto alpha = scalar_arg(n, 2);
+  return alpha && *alpha == 1 && binary(n, s);
+}
+
+bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
+  int64_t r = rank(n->input(0));
+  if (r < 3 || rank(n->input(1)) != r) return false;
+  size_t sp = static_cast<size_t>(r - 2);
+  auto stride = spatial(ints_arg(n, 3), sp), pad = spatial(ints_arg(n, 4), sp), dil = spatial(ints_arg(n, 5), sp);
+  auto groups = int_arg(n, has_transposed_arg ? 8 : 6);
+  if (has_transposed_arg && bool_arg(n, 6).value_or(true)) return false;  // ConvTranspose: not mapped
+  if (!stride || !pad || !dil || !groups) return false;
+  s.in(n->input(0)).in(n->input(1));
+  if (!is_none(n, 2)) {
+    if (rank(n->input(2)) != 1) return false;
+    s.in(n->input(2));
+  }
+  s.attr(A::strides, *stride).attr(A::pads_begin, *pad).attr(A::pads_end, *pad).attr(A::dilations, *dil)
+      .attr(A::groups, *groups).attr(A::data_format, std::string("NCX")).attr(A::weights_format, std::string("OIX"));
+  return true;
+}
+
+bool batch_norm(const Node* n, OpSpec& s) {
+  if (bool_arg(n, 5).value_or(true) || rank(n->input(0)) < 2) return false;  // inference only
+  for (size_t i = 1; i <= 4; ++i)
+    if (is_none(n, i) || rank(n->input(i)) != 1) return false;
+  auto eps = scalar_arg(n, 7);
+  if (!eps) return false;
+  for (size_t i = 0; i <= 4; ++i) s.in(n->input(i));  // src, gamma, beta, mean, variance
+  s.attr(A::epsilon, static_cast<float>(*eps)).attr(A::data_format, std::string("NCX"));
+  return true;
+}
+
+bool linear(const Node* n, OpSpec& s) {
+  if (rank(n->input(0)) < 2 || rank(n->input(1)) != 2) return false;
+  s.in(n->input(0)).in(n->input(1));
+  if (!is_none(n, 2)) {
+    if (rank(n->input(2)) != 1) return false;
+    s.in(n->input(2));
+  }
+  s.attr(A::transpose_b, true);
+  return true;
+}
+
+bool matmul(const Node* n, OpSpec& s) {
+  // 1-D operands have vector semantics in PyTorch; leave them to PyTorch.
+  int64_t ra = rank(n->input(0)), rb = rank(n->input(1));
+  if (ra < 2 || rb < 2 || ra != rb) return false;
+  return binary(n, s);
+}
+
+bool clamp_to(OpSpec& s, Value* x, double lo, double hi) {
+  s.in(x).attr(A::min, static_cast<float>(lo)).attr(A::max, static_cast<float>(hi));
+  return true;
+}
+
+bool clamp(const Node* n, OpSpec& s) {
+  constexpr double inf = std::numeric_limits<float>::infinity();
+  auto lo = is_none(n, 1) ? std::optional<double>(-inf) : scalar_arg(n, 1);
+  auto hi = is_none(n, 2) ? std::optional<double>(inf) : scalar_arg(n, 2);
+  return lo && hi && *lo <= *hi && clamp_to(s, n->input(0), *lo, *hi);
+}
+
+bool hardtanh(const Node* n, OpSpec& s) {
+  auto lo = scalar_arg(n, 1), hi = scalar_arg(n, 2);
+  return lo && hi && *lo <= *hi && clamp_to(s, n->input(0), *lo, *hi);
+}
+
+bool elu(const Node* n, OpSpec& s) {
+  auto alpha = scalar_arg(n, 1), scale = scalar_arg(n, 2), input_scale = scalar_arg(n, 3);
+  if (!alpha || scale.value_or(0) != 1 || input_scale.value_or(0) != 1) return false;
+  s.in(n->input(0)).attr(A::alpha, static_cast<float>(*alpha));
+  return true;
+}
+
+bool leaky_relu(const Node* n, OpSpec& s) {
+  auto slope = scalar_arg(n, 1);
+  if (!slope) return false;
+  s.in(n->input(0)).attr(A::alpha, static_cast<float>(*slope));
+  return true;
+}
+
+bool gelu(const Node* n, OpSpec& s) {
+  // oneDNN v3.2's GELU is the erf form; the tanh form is decomposed by decompose_ops.
+  return str_arg(n, 1).value_or("") == "none" && unary(n, s);
+}
+
+bool pow_scalar(const Node* n, OpSpec& s) {
+  auto e = scalar_arg(n, 1);
+  if (!e) return false;
+  s.in(n->input(0)).attr(A::beta, static_cast<float>(*e));
+  return true;
+}
+
+bool softmax(const Node* n, OpSpec& s) {
+  auto dim = int_arg(n, 1);
+  if (!dim || !is_none(n, 2)) return false;
+  s.in(n->input(0)).attr(A::axis, wrap_dim(*dim, rank(n->input(0))));
+  return true;
+}
+
+bool layer_norm(const Node* n, OpSpec& s) {
+  auto shape = ints_arg(n, 1);
+  auto eps = scalar_arg(n, 4);
+  if (!shape || !eps || shape->size() != 1) return false;
+  bool affine = !is_none(n, 2) && !is_none(n, 3);
+  if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;
+  s.in(n->input(0));
+  if (affine) s.in(n->input(2)).in(n->input(3));
+  s.attr(A::begin_norm_axis, int64_t{-1}).attr(A::use_affine, affine).attr(A::keep_stats, false)
+      .attr(A::epsilon, static_cast<float>(*eps));
+  return true;
+}
+
+// oneDNN's pooling output size; the mapping holds only where it equals PyTorch's (ceil_mode edge cases differ).
+bool pool_shape_matches(const Node* n, const Ints& k, const Ints& st, const Ints& pad, const Ints& dil, bool ceil) {
+  Ints in = sizes(n->input(0)), out = sizes(n->output());
+  for (size_t i = 0; i < 2; ++i) {
+    double span = static_cast<double>(in[2 + i] + 2 * pad[i] - dil[i] * (k[i] - 1) - 1) / st[i];
+    int64_t o = static_cast<int64_t>(ceil ? std::ceil(span) : std::floor(span)) + 1;
+    if (o != out[2 + i]) return false;
+  }
+  return true;
+}
+
+bool max_pool2d(const Node* n, OpSpec& s) {
+  if (rank(n->input(0)) != 4) return false;
+  auto k = spatial(ints_arg(n, 1), 2), pad = spatial(ints_arg(n, 3), 2), dil = spatial(ints_arg(n, 4), 2);
+  auto st = ints_arg(n, 2);
+  auto ceil = bool_arg(n, 5);
+  if (st && st->empty()) st = k;
+  st = spatial(st, 2);
+  if (!k || !st || !pad || !dil || !ceil || !pool_shape_matches(n, *k, *st, *pad, *dil, *ceil)) return false;
+  s.in(n->input(0)).attr(A::kernel, *k).attr(A::strides, *st).attr(A::pads_begin, *pad).attr(A::pads_end, *pad)
+      .attr(A::dilations, *dil).attr(A::rounding_type, std::string(*ceil ? "ceil" : "floor"))
+      .attr(A::data_format, std::string("NCX"));
+  return true;
+}
+
+bool avg_pool2d(const Node* n, OpSpec& s) {
+  if (rank(n->input(0)) != 4) return false;
+  auto k = spatial(ints_arg(n, 1), 2), pad = spatial(ints_arg(n, 3), 2);
+  auto st = ints_arg(n, 2);
+  auto ceil = bool_arg(n, 4), count_include_pad = bool_arg(n, 5);
+  if (st && st->empty()) st = k;
+  st = spatial(st, 2);
+  // ceil_mode changes PyTorch's divisor at the border; divisor_override has no oneDNN form.
+  if (!k || !st || !pad || ceil.value_or(true) || !count_include_pad || !is_none(n, 6)) return false;
+  if (!pool_shape_matches(n, *k, *st, *pad, Ints{1, 1}, false)) return false;
+  s.in(n->input(0)).attr(A::kernel, *k).attr(A::strides, *st).attr(A::pads_begin, *pad).attr(A::pads_end, *pad)
+      .attr(A::exclude_pad, !*count_include_pad).attr(A::rounding_type, std::string("floor"))
+      .attr(A::data_format, std::string("NCX"));
+  return true;
+}
+
+bool global_avg_pool(const Node* n, OpSpec& s) {  // adaptive_avg_pool2d to 1x1 is a mean over H, W
+  auto out = ints_arg(n, 1);
+  if (rank(n->input(0)) != 4 || !out || *out != Ints{1, 1}) return false;
+  s.in(n->input(0)).attr(A::axes, Ints{-2, -1}).attr(A::keep_dims, true);
+  return true;
+}
+
+bool cat(const Node* n, OpSpec& s) {
+  Node* list = n->input(0)->node();
+  auto dim = int_arg(n, 1);
+  if (list->kind() != c10::prim::ListConstruct || list->inputs().size() < 2 || !dim) return false;
+  int64_t r = rank(list->input(0));
+  for (Value* v : list->inputs()) {
+    if (rank(v) != r) return false;
+    s.in(v);
+  }
+  s.attr(A::axis, wrap_dim(*dim, r));
+  return true;
+}
+
+bool permute(const Node* n, OpSpec& s) {
+  auto dims = ints_arg(n, 1);
+  int64_t r = rank(n->input(0));
+  if (!dims || static_cast<int64_t>(dims->size()) != r) return false;
+  for (auto& d : *dims) d = wrap_dim(d, r);
+  s.in(n->input(0)).attr(A::order, *dims);
+  return true;
+}
+
+bool transpose(const Node* n, OpSpec& s) {
+  auto d0 = int_arg(n, 1), d1 = int_arg(n, 2);
+  int64_t r = rank(n->input(0));
+  if (!d0 || !d1 || r < 1) return false;
+  Ints order(r);
+  for (int64_t i = 0; i < r; ++i) order[i] = i;
+  std::swap(order[wrap_dim(*d0, r)], order[wrap_dim(*d1, r)]);
+  s.in(n->input(0)).attr(A::order, order);
+  return true;
+}
+
+bool reshape(const Node* n, OpSpec& s) {  // view/reshape/flatten: the profiled output sizes are static
+  Ints out = sizes(n->output());
+  if (out.empty()) return false;
+  s.in(n->input(0)).attr(A::shape, out).attr(A::special_zero, false);
+  return true;
+}
+
+bool contiguous(const Node* n, OpSpec& s) {
+  auto fmt = int_arg(n, 1);
+  return fmt && *fmt == static_cast<int64_t>(c10::MemoryFormat::Contiguous) && unary(n, s);
+}
+
+bool to_dtype(const Node* n, OpSpec& s) {
+  if (!is_none(n, 4)) return false;  // memory_format
+  auto in = n->input(0)->type()->expect<TensorType>()->scalarType();
+  auto out = n->output()->type()->expect<TensorType>()->scalarType();
+  return in && out && *in != *out && unary(n, s);
+}
+
+}  // namespace
+
+const std::vector<OpEntry>& op_table() {
+  static const std::vector<OpEntry> table = {
+      // convolution, normalization, matmul: compute-bound, worth a group alone
+      {"aten::_convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool benchmark, bool deterministic, bool cudnn_enabled, bool allow_tf32) -> Tensor",
+       K::Convolution, kWorthAlone, [](const Node* n, OpSpec& s) { return convolution(n, s, true); }},
+      {"aten::_convolution.deprecated(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, int[] output_padding, SymInt groups, bool benchmark, bool deterministic, bool cudnn_enabled) -> Tensor",
+       K::Convolution, kWorthAlone, [](const Node* n, OpSpec& s) { return convolution(n, s, true); }},
+      {"aten::conv1d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[1] stride=[1], SymInt[1] padding=[0], SymInt[1] dilation=[1], SymInt groups=1) -> Tensor",
+       K::Convolution, kWorthAlone, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
+      {"aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=[1, 1], SymInt[2] padding=[0, 0], SymInt[2] dilation=[1, 1], SymInt groups=1) -> Tensor",
+       K::Convolution, kWorthAlone, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
+      {"aten::conv3d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[3] stride=[1, 1, 1], SymInt[3] padding=[0, 0, 0], SymInt[3] dilation=[1, 1, 1], SymInt groups=1) -> Tensor",
+       K::Convolution, kWorthAlone, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
+      {"aten::batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled) -> Tensor",
+       K::BatchNormInference, kWorthAlone | kShapePreserving, batch_norm},
+      {"aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor",
+       K::LayerNorm, kWorthAlone | kShapePreserving, layer_norm},
+      {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone, linear},
+      {"aten::matmul(Tensor self, Tensor other) -> Tensor", K::MatMul, kWorthAlone, matmul},
+      {"aten::mm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone, matmul},
+      {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone, matmul},
+      {"aten::softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", K::SoftMax, kWorthAlone | kShapePreserving, softmax},
+      {"aten::log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", K::LogSoftmax, kWorthAlone | kShapePreserving, softmax},
+      {"aten::max_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> Tensor",
+       K::MaxPool, kWorthAlone, max_pool2d},
+      {"aten::avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
+       K::AvgPool, kWorthAlone, avg_pool2d},
+      {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::ReduceMean, kNone, global_avg_pool},
+      // binary (scalar operands become tensors in prepare_binary)
+      {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kNone, binary_alpha},
+      {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kNone, binary_alpha},
+      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kNone, binary},
+      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kNone, binary},
+      // unary elementwise
+      {"aten::relu(Tensor self) -> Tensor", K::ReLU, kShapePreserving, unary},
+      {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", K::GELU, kShapePreserving, gelu},
+      {"aten::sigmoid(Tensor self) -> Tensor", K::Sigmoid, kShapePreserving, unary},
+      {"aten::tanh(Tensor self) -> Tensor", K::Tanh, kShapePreserving, unary},
+      {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", K::Elu, kShapePreserving, elu},
+      {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor", K::LeakyReLU, kShapePreserving, leaky_relu},
+      {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", K::Clamp, kShapePreserving, hardtanh},
+      {"aten::relu6(Tensor self) -> Tensor", K::Clamp, kShapePreserving,
+       [](const Node* n, OpSpec& s) { return clamp_to(s, n->input(0), 0.0, 6.0); }},
+      {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", K::Clamp, kShapePreserving, clamp},
+      {"aten::hardswish(Tensor self) -> Tensor", K::HardSwish, kShapePreserving, unary},
+      {"aten::exp(Tensor self) -> Tensor", K::Exp, kShapePreserving, unary},
+      {"aten::log(Tensor self) -> Tensor", K::Log, kShapePreserving, unary},
+      {"aten::sqrt(Tensor self) -> Tensor", K::Sqrt, kShapePreserving, unary},
+      {"aten::abs(Tensor self) -> Tensor", K::Abs, kShapePreserving, unary},
+      {"aten::square(Tensor self) -> Tensor", K::Square, kShapePreserving, unary},
+      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving, unary},
+      {"aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", K::Pow, kShapePreserving, pow_scalar},
+      // data movement
+      {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", K::Concat, kNone, cat},
+      {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)", K::StaticTranspose, kNone, permute},
+      {"aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", K::StaticTranspose, kNone, transpose},
+      {"aten::reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)", K::StaticReshape, kNone, reshape},
+      {"aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", K::StaticReshape, kNone, reshape},
+      {"aten::flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", K::StaticReshape, kNone, reshape},
+      {"aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> Tensor(a)", K::Reorder, kShapePreserving, contiguous},
+      {"aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)",
+       K::TypeCast, kShapePreserving | kCastsDtype, to_dtype},
+  };
+  return table;
+}
+
+namespace {
+// Entries grouped by node kind, each with its resolved operator, so a lookup is a hash and a pointer compare.
+struct Index {
+  std::unordered_map<c10::Symbol, std::vector<std::pair<const torch::jit::Operator*, const OpEntry*>>> by_kind;
+  Index() {
+    for (const auto& e : op_table()) {
+      auto op = torch::jit::getOperatorForLiteral(e.schema);
+      TORCH_CHECK(op, "torch_llga: op table schema not registered: ", e.schema);
+      by_kind[c10::Symbol::fromQualString(op->schema().name())].emplace_back(op.get(), &e);
+    }
+  }
+};
+const Index& index() {
+  static const Index idx;
+  return idx;
+}
+
+bool supported_tensor(const Value* v) {
+  auto t = v->type()->cast<TensorType>();
+  if (!t || !t->scalarType() || !t->device() || !t->device()->is_cpu()) return false;
+  if (!to_dnnl_dtype(*t->scalarType())) return false;
+  auto s = t->sizes().concrete_sizes();
+  auto st = t->strides().concrete_sizes();
+  if (!s || !st || s->empty()) return false;  // 0-dim and unprofiled tensors stay in PyTorch
+  for (auto d : *s)
+    if (d == 0) return false;  // empty tensors
+  return true;
+}
+}  // namespace
+
+std::optional<dnnl::graph::logical_tensor::data_type> to_dnnl_dtype(c10::ScalarType t) {
+  using dt = dnnl::graph::logical_tensor::data_type;
+  switch (t) {
+    case c10::ScalarType::Float: return dt::f32;
+    case c10::ScalarType::BFloat16: return dt::bf16;
+    default: return std::nullopt;
+  }
+}
+
+const OpEntry* find_entry(const Node* n) {
+  const auto& idx = index().by_kind;
+  auto it = idx.find(n->kind());
+  if (it == idx.end()) return nullptr;
+  const torch::jit::Operator* op = n->maybeOperator() ? &n->getOperator() : nullptr;
+  for (const auto& [entry_op, entry] : it->second)
+    if (entry_op == op || (op && entry_op->schema() == op->schema())) return entry;
+  return nullptr;
+}
+
+std::optional<OpSpec> map_node(const Node* n) {
+  const OpEntry* e = find_entry(n);
+  if (!e || n->outputs().size() != 1 || !supported_tensor(n->output())) return std::nullopt;
+  OpSpec spec;
+  spec.kind = e->kind;
+  if (!e->build(n, spec)) return std::nullopt;
+  auto out_dtype = n->output()->type()->expect<TensorType>()->scalarType();
+  for (const Value* v : spec.inputs) {
+    if (!supported_tensor(v)) return std::nullopt;
+    if (!(e->flags & kCastsDtype) && v->type()->expect<TensorType>()->scalarType() != out_dtype) return std::nullopt;
+  }
+  return spec;
+}
+
+bool is_tensor(const Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
+
+bool table_has_kind(c10::Symbol kind) { return index().by_kind.count(kind) > 0; }
+
+}  // namespace llga

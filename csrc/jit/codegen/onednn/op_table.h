@@ -1,0 +1,65 @@
+#pragma once
+// The op mapping: one entry per aten schema -> oneDNN Graph op, with its attributes and the
+// conditions under which the mapping holds. Adding an op is one entry in op_table.cpp (and a test).
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <oneapi/dnnl/dnnl_graph.hpp>
+
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace llga {
+
+using torch::jit::Node;
+using torch::jit::Value;
+using dnnl::graph::op;
+
+using AttrValue = std::variant<int64_t, float, bool, std::string, std::vector<int64_t>, std::vector<float>>;
+
+// What one JIT node becomes in oneDNN: an op kind, the JIT values feeding it (in oneDNN's input
+// order) and its attributes.
+struct OpSpec {
+  op::kind kind = op::kind::Wildcard;
+  std::vector<Value*> inputs;
+  std::vector<std::pair<op::attr, AttrValue>> attrs;
+
+  OpSpec& in(Value* v) { inputs.push_back(v); return *this; }
+  template <typename T>
+  OpSpec& attr(op::attr a, T v) { attrs.emplace_back(a, AttrValue(std::move(v))); return *this; }
+};
+
+enum OpFlags : unsigned {
+  kNone = 0,
+  kWorthAlone = 1u << 0,        // a partition of this op alone is still worth a group (compute-bound)
+  kShapePreserving = 1u << 1,   // output has the input's sizes: aten::size may read the input instead
+  kCastsDtype = 1u << 2,        // input and output dtypes differ by design (TypeCast)
+};
+
+struct OpEntry {
+  const char* schema;        // the exact registered aten schema
+  op::kind kind;
+  unsigned flags;
+  // Reads inputs and attributes off the node into spec; false when this node does not fit
+  // (a condition of the mapping fails), and it then stays in PyTorch.
+  bool (*build)(const Node* n, OpSpec& spec);
+};
+
+const std::vector<OpEntry>& op_table();
+
+// The entry whose schema the node has, if any (conditions not checked).
+const OpEntry* find_entry(const Node* n);
+
+// The oneDNN op for this node, or nullopt if it stays in PyTorch. Checks the entry's conditions
+// and the common ones: CPU, fp32/bf16, fully profiled (complete) sizes and strides, no empty tensors.
+std::optional<OpSpec> map_node(const Node* n);
+
+// Whether an op of this kind (ignoring the overload) appears in the table.
+bool table_has_kind(c10::Symbol kind);
+
+std::optional<dnnl::graph::logical_tensor::data_type> to_dnnl_dtype(c10::ScalarType t);
+
+bool is_tensor(const Value* v);
+
+}  // namespace llga

@@ -1,0 +1,31 @@
+#pragma once
+// The torch_llga pass pipeline, one pass per file, run in this order by pipeline.cpp on every graph
+// the profiling executor optimizes (as a pre-pass, while profiled types are on the values).
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <memory>
+
+namespace llga {
+
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+// Node kinds of our own (outside PyTorch's namespaces, so not INTERNAL_SPECIAL_CASE).
+inline const c10::Symbol kFusionGroup = c10::Symbol::fromQualString("llga::FusionGroup");
+inline const c10::Symbol kGuard = c10::Symbol::fromQualString("llga::Guard");
+// Attributes of a fusion group node.
+inline const c10::Symbol kOpaqueOutputs = c10::Symbol::attr("opaque_outputs");    // ints: 1 = may stay opaque
+
+void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
+void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm -> mapped ops
+void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1
+void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops
+void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
+void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque
+void InsertGuards(std::shared_ptr<Graph>& g);      // profiled-type checks with unfused fallback
+
+// The whole pipeline (no-op while torch_llga is disabled).
+void RunPipeline(std::shared_ptr<Graph>& g);
+
+}  // namespace llga

@@ -1,0 +1,34 @@
+// Registers the pipeline with the profiling executor as a pre-pass: it sees each graph on its
+// second call, after profiling, with the profiled shapes still on the values.
+#include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/passes/pass_manager.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+
+#include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/runtime.h"
+
+namespace llga {
+
+void RunPipeline(std::shared_ptr<Graph>& g) {
+  if (!runtime::enabled() || !torch::jit::getProfilingMode()) return;
+  GRAPH_DUMP("Before torch_llga", g);
+  // Profile nodes become types on the values; the guards re-check them at run time.
+  torch::jit::RemoveProfileNodesAndSpecializeTypes(g);
+  RemoveMutation(g);
+  DecomposeOps(g);
+  PrepareBinary(g);
+  DeferSizeCheck(g);
+  FuseGraph(g);
+  PropagateLayout(g);
+  InsertGuards(g);
+  // What the guards checked must not leak into later passes as facts.
+  torch::jit::RemoveTensorTypeSpecializations(g);
+  GRAPH_DUMP("After torch_llga", g);
+}
+
+namespace {
+const auto registered = torch::jit::registerPrePass([](std::shared_ptr<Graph>& g) { RunPipeline(g); });
+}  // namespace
+
+}  // namespace llga

@@ -1,0 +1,112 @@
+// Binary ops as oneDNN wants them: both operands tensors of the output's dtype, no alpha.
+//   x + s, x * s (Scalar s)        -> x + tensor([s]) of x's dtype   (alpha folded into s)
+//   x + y * alpha (Tensor y)       -> x + (y * tensor([alpha]))
+//   x op c (0-dim constant tensor) -> x op tensor([c]) of x's dtype
+//   x + 0, x - 0, x * 1, x / 1     -> x
+// Only where x is a profiled floating tensor of rank >= 1, so PyTorch's type promotion gives x's
+// dtype and the [1]-shaped constant broadcasts exactly like the scalar did.
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/jit_log.h>
+
+#include <ATen/ATen.h>
+
+#include "jit/codegen/onednn/passes.h"
+
+namespace llga {
+
+using torch::jit::Block;
+using torch::jit::Node;
+using torch::jit::TensorType;
+using torch::jit::Value;
+
+namespace {
+
+bool is_binary(const Node* n) {
+  auto k = n->kind();
+  return k == c10::aten::add || k == c10::aten::sub || k == c10::aten::mul || k == c10::aten::div;
+}
+
+bool has_alpha(const Node* n) { return n->kind() == c10::aten::add || n->kind() == c10::aten::sub; }
+
+// A floating tensor whose type equals the node's output type: the op keeps its dtype and sizes.
+bool keeps_type(const Value* x, const Node* n) {
+  auto t = x->type()->cast<TensorType>();
+  auto o = n->output()->type()->cast<TensorType>();
+  return t && o && t->isComplete() && o->isComplete() && t->dim() && *t->dim() >= 1 &&
+         c10::isFloatingType(*t->scalarType()) && *t == *o;
+}
+
+std::optional<double> number(const Value* v) {
+  auto iv = torch::jit::toIValue(v);
+  if (!iv || !(iv->isInt() || iv->isDouble())) return std::nullopt;
+  return iv->toScalar().toDouble();
+}
+
+Value* tensor_constant(Node* before, double value, const Value* like) {
+  auto dtype = *like->type()->expect<TensorType>()->scalarType();
+  torch::jit::WithInsertPoint guard(before);
+  return before->owningGraph()->insertConstant(at::full({1}, value, at::TensorOptions().dtype(dtype)));
+}
+
+// Replaces n by `x kind c` with tensor c; returns the new node.
+Node* replace_with_tensor_op(Node* n, Value* x, Value* c) {
+  torch::jit::WithInsertPoint guard(n);
+  Value* r = n->owningGraph()->insert(n->kind(), {x, c});
+  r->setType(n->output()->type());
+  n->output()->replaceAllUsesWith(r);
+  n->destroy();
+  return r->node();
+}
+
+void prepare(Block* block) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* n = *it++;
+    for (auto* b : n->blocks()) prepare(b);
+    if (!is_binary(n) || n->outputs().size() != 1) continue;
+    Value* x = n->input(0);
+    Value* y = n->input(1);
+    if (!keeps_type(x, n)) continue;
+    double alpha = 1;
+    if (has_alpha(n)) {
+      auto a = n->inputs().size() > 2 ? number(n->input(2)) : std::optional<double>(1);
+      if (!a) continue;
+      alpha = *a;
+    }
+
+    if (auto s = number(y)) {  // Tensor op Scalar
+      double v = *s * alpha;
+      bool identity = (has_alpha(n) && v == 0) || (!has_alpha(n) && v == 1);
+      if (identity) {
+        n->output()->replaceAllUsesWith(x);
+        n->destroy();
+      } else {
+        replace_with_tensor_op(n, x, tensor_constant(n, v, x));
+      }
+      continue;
+    }
+    if (!y->type()->cast<TensorType>()) continue;
+
+    if (auto c = torch::jit::toIValue(y); c && c->isTensor() && c->toTensor().dim() == 0 &&
+                                            c->toTensor().is_floating_point()) {  // 0-dim constant
+      double v = c->toTensor().item<double>() * alpha;
+      n = replace_with_tensor_op(n, x, tensor_constant(n, v, x));
+      continue;
+    }
+    if (alpha != 1 && y->type()->cast<TensorType>()->scalarType() == x->type()->expect<TensorType>()->scalarType()) {
+      torch::jit::WithInsertPoint guard(n);
+      Value* scaled = n->owningGraph()->insert(c10::aten::mul, {y, tensor_constant(n, alpha, x)});
+      scaled->setType(y->type());
+      n->replaceInput(1, scaled);
+      n->replaceInput(2, n->owningGraph()->insertConstant(1));
+    }
+  }
+}
+
+}  // namespace
+
+void PrepareBinary(std::shared_ptr<Graph>& g) {
+  prepare(g->block());
+  GRAPH_DUMP("After PrepareBinary", g);
+}
+
+}  // namespace llga

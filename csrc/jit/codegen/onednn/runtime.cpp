@@ -1,0 +1,36 @@
+#include "jit/codegen/onednn/runtime.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace llga::runtime {
+
+namespace {
+std::atomic<bool> g_enabled{false};
+
+// The constant weight cache: oneDNN keeps the reordered copy of each constant (frozen weight)
+// input so weights are reordered once, not per call. On by default; DNNL_GRAPH_CONSTANT_CACHE=0
+// turns it off. It applies to partitions compiled after it is set, so it is set at load time.
+struct ConstantCacheInit {
+  ConstantCacheInit() {
+    const char* env = std::getenv("DNNL_GRAPH_CONSTANT_CACHE");
+    dnnl::graph::set_constant_tensor_cache(env && std::strcmp(env, "0") == 0 ? 0 : 1);
+  }
+} g_constant_cache_init;
+}  // namespace
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
+void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
+
+}  // namespace llga::runtime
