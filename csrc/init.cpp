@@ -9,6 +9,8 @@
 PYBIND11_MODULE(_C, m) {
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
+  m.def("_set_fuse_single_ops", &llga::runtime::set_fuse_single_ops);
+  m.def("_fuse_single_ops", &llga::runtime::fuse_single_ops);
   m.def("_constant_cache_enabled", [] { return dnnl::graph::get_constant_tensor_cache() != 0; });
   m.def("_onednn_version", [] {
     return std::to_string(DNNL_VERSION_MAJOR) + "." + std::to_string(DNNL_VERSION_MINOR) + "." +

@@ -1,5 +1,6 @@
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 
 #include "jit/codegen/onednn/passes.h"
@@ -12,9 +13,10 @@ namespace {
 using torch::jit::Match;
 using torch::jit::SubgraphRewriter;
 
-bool string_constant_is(const std::unordered_map<std::string, Value*>& vmap, const char* name, const char* expected) {
-  auto v = torch::jit::toIValue(vmap.at(name));
-  return v && v->isString() && v->toStringRef() == expected;
+// The constant a pattern input matched (vmap names the pattern's values; the match maps them).
+std::optional<c10::IValue> matched_constant(const Match& match, const std::unordered_map<std::string, Value*>& vmap,
+                                            const char* name) {
+  return torch::jit::toIValue(match.values_map.at(vmap.at(name)));
 }
 
 // silu(x) = x * sigmoid(x): oneDNN fuses the pair as a binary post-op.
@@ -36,11 +38,11 @@ graph(%x, %approximate):
   return (%r))IR";
 const char* kGeluTanhDecomposed = R"IR(
 graph(%x, %approximate):
-  %half = prim::Constant[value=0.5]()
-  %one = prim::Constant[value=1.]()
-  %alpha = prim::Constant[value=1]()
-  %kappa = prim::Constant[value=0.044715]()
-  %beta = prim::Constant[value=0.79788456080286541]()
+  %half : float = prim::Constant[value=0.5]()
+  %one : float = prim::Constant[value=1.]()
+  %alpha : int = prim::Constant[value=1]()
+  %kappa : float = prim::Constant[value=0.044715]()
+  %beta : float = prim::Constant[value=0.79788456080286541]()
   %x2 = aten::mul(%x, %x)
   %x3 = aten::mul(%x2, %x)
   %kx3 = aten::mul(%x3, %kappa)
@@ -59,7 +61,7 @@ graph(%bias, %a, %b, %beta, %alpha):
   return (%r))IR";
 const char* kAddmmDecomposed = R"IR(
 graph(%bias, %a, %b, %beta, %alpha):
-  %one = prim::Constant[value=1]()
+  %one : int = prim::Constant[value=1]()
   %mm = aten::mm(%a, %b)
   %scaled = aten::mul(%mm, %alpha)
   %scaled_bias = aten::mul(%bias, %beta)
@@ -88,16 +90,17 @@ void DecomposeOps(std::shared_ptr<Graph>& g) {
 
   SubgraphRewriter gelu;
   gelu.RegisterRewritePattern(kGelu, kGeluTanhDecomposed);
-  gelu.runOnGraph(g, [](const Match&, const std::unordered_map<std::string, Value*>& vmap) {
-    return string_constant_is(vmap, "approximate", "tanh");
+  gelu.runOnGraph(g, [](const Match& match, const std::unordered_map<std::string, Value*>& vmap) {
+    auto approximate = matched_constant(match, vmap, "approximate");
+    return approximate && approximate->isString() && approximate->toStringRef() == "tanh";
   });
 
   SubgraphRewriter addmm;
   addmm.RegisterRewritePattern(kAddmm, kAddmmDecomposed);
-  addmm.runOnGraph(g, [](const Match&, const std::unordered_map<std::string, Value*>& vmap) {
+  addmm.runOnGraph(g, [](const Match& match, const std::unordered_map<std::string, Value*>& vmap) {
     // beta == 0 means "ignore bias" (NaN in it included): keep addmm then.
-    auto beta = torch::jit::toIValue(vmap.at("beta"));
-    auto alpha = torch::jit::toIValue(vmap.at("alpha"));
+    auto beta = matched_constant(match, vmap, "beta");
+    auto alpha = matched_constant(match, vmap, "alpha");
     return beta && alpha && beta->isScalar() && alpha->isScalar() && beta->toScalar().toDouble() != 0;
   });
 

@@ -11,6 +11,7 @@
 #include "jit/codegen/onednn/graph_builder.h"
 #include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/runtime.h"
 
 namespace llga {
 
@@ -82,8 +83,12 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
   std::vector<std::vector<Node*>> partitions;
   for (const auto& p : built.partitions) {
     std::vector<Node*> nodes = built.nodes_of(p);
-    if (!p.is_supported() || nodes.empty()) continue;
-    if (nodes.size() == 1 && !(find_entry(nodes[0])->flags & kWorthAlone)) {
+    if (nodes.empty()) continue;
+    if (!p.is_supported()) {
+      GRAPH_DEBUG("oneDNN does not support the partition [", describe(nodes), "]: left to PyTorch");
+      continue;
+    }
+    if (nodes.size() == 1 && !(find_entry(nodes[0])->flags & kWorthAlone) && !runtime::fuse_single_ops()) {
       GRAPH_DEBUG("Not worth a group alone: ", nodes[0]->kind().toQualString());
       continue;
     }

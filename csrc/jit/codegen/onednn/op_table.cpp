@@ -154,7 +154,12 @@ bool gelu(const Node* n, OpSpec& s) {
 bool pow_scalar(const Node* n, OpSpec& s) {
   auto e = scalar_arg(n, 1);
   if (!e) return false;
-  s.in(n->input(0)).attr(A::beta, static_cast<float>(*e));
+  s.in(n->input(0));
+  // oneDNN v3.2 fuses no Pow partition; the two common exponents have ops of their own, which
+  // compute what PyTorch's pow does for them (x*x and sqrt).
+  if (*e == 2.0) s.kind = K::Square;
+  else if (*e == 0.5) s.kind = K::Sqrt;
+  else s.attr(A::beta, static_cast<float>(*e));
   return true;
 }
 

@@ -11,4 +11,8 @@ dnnl::stream& stream();  // one per thread: oneDNN streams are not meant to be s
 bool enabled();
 void set_enabled(bool on);
 
+// Debug/test knob: also make groups of single cheap ops (a lone relu), normally left to PyTorch.
+bool fuse_single_ops();
+void set_fuse_single_ops(bool on);
+
 }  // namespace llga::runtime
