@@ -3,6 +3,7 @@
 
 #include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/type_inference.h"
 
 namespace llga {
 
@@ -16,6 +17,7 @@ void RemoveMutation(std::shared_ptr<Graph>& g) {
     auto functional = c10::Symbol::fromQualString(name.substr(0, name.size() - 1));
     return table_has_kind(functional) || functional == c10::aten::silu || functional == c10::aten::addmm;
   });
+  fill_missing_types(g->block());  // the functional nodes' outputs are new, untyped values
   GRAPH_DUMP("After RemoveMutation", g);
 }
 

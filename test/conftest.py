@@ -1,0 +1,83 @@
+import warnings
+
+import pytest
+import torch
+
+import torch_llga
+
+# torch 2.14 deprecates TorchScript with FutureWarnings; everything still works.
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+
+FP32 = dict(rtol=1e-5, atol=1e-5)
+
+
+def fusion_groups(graph):
+    """The op kinds inside each llga::FusionGroup of a graph, "aten::" dropped, in subgraph order."""
+    groups = []
+    for node in graph.findAllNodes("llga::FusionGroup", True):
+        kinds = [n.kind() for n in node.g("Subgraph").nodes()
+                 if n.kind() not in ("prim::Constant", "prim::ListConstruct")]
+        groups.append([k.replace("aten::", "") for k in kinds])
+    return groups
+
+
+def unfused_ops(graph):
+    """aten ops left in the top-level graph (outside the groups and their fallbacks)."""
+    return [n.kind().replace("aten::", "") for n in graph.nodes() if n.kind().startswith("aten::")]
+
+
+class Fused:
+    """A model traced (and frozen, if it is a module) with torch_llga on, run past profiling."""
+
+    def __init__(self, model, inputs, freeze=True, runs=3):
+        self.inputs = inputs
+        with torch.no_grad(), torch_llga.enabled():
+            if isinstance(model, torch.jit.ScriptFunction):
+                self.module = model
+            elif isinstance(model, torch.nn.Module):
+                self.module = torch.jit.trace(model.eval(), inputs)
+                if freeze:
+                    self.module = torch.jit.freeze(self.module)
+            else:
+                self.module = torch.jit.trace(model, inputs)
+            for _ in range(runs):  # profiling run, optimization, fused run
+                self.output = self.module(*inputs)
+            self.graph = torch.jit.last_executed_optimized_graph()
+        self.groups = fusion_groups(self.graph)
+        self.unfused = unfused_ops(self.graph)
+
+    def __call__(self, *inputs):
+        with torch.no_grad():
+            return self.module(*inputs)
+
+
+def check(model, *inputs, groups=None, freeze=True, **tol):
+    """Fuses model, checks its output against eager and (if given) the fusion groups formed."""
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    with torch.no_grad():
+        expected = model(*inputs)
+    fused = Fused(model, inputs, freeze=freeze)
+    torch.testing.assert_close(fused.output, expected, equal_nan=True, **(tol or FP32))
+    if groups is not None:
+        assert fused.groups == groups, f"groups {fused.groups}, unfused {fused.unfused}\n{fused.graph}"
+    return fused
+
+
+@pytest.fixture
+def single_op_groups():
+    """Groups of one cheap op (normally left to PyTorch) are formed too, to test each mapping alone."""
+    torch_llga._C._set_fuse_single_ops(True)
+    yield
+    torch_llga._C._set_fuse_single_ops(False)
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(0)
+
+
+def opaque_outputs(group):
+    """A fusion group's per-output flags: 1 = may stay in oneDNN's own layout (read only by groups)."""
+    return getattr(group, "is")("opaque_outputs")  # Node.is(), a Python keyword

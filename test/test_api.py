@@ -1,0 +1,95 @@
+"""The Python face: the switch, the context manager, logging, and independence from PyTorch's fuser."""
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+
+import torch_llga
+from conftest import check, fusion_groups
+
+
+def test_enable_disable():
+    assert not torch_llga.is_enabled()
+    torch_llga.enable()
+    assert torch_llga.is_enabled()
+    torch_llga.disable()
+    assert not torch_llga.is_enabled()
+
+
+def test_context_manager_nests_and_restores():
+    with torch_llga.enabled():
+        assert torch_llga.is_enabled()
+        with torch_llga.enabled(False):
+            assert not torch_llga.is_enabled()
+            with torch_llga.enabled():
+                assert torch_llga.is_enabled()
+            assert not torch_llga.is_enabled()
+        assert torch_llga.is_enabled()
+    assert not torch_llga.is_enabled()
+
+
+def test_context_manager_restores_on_error():
+    try:
+        with torch_llga.enabled():
+            raise ValueError
+    except ValueError:
+        pass
+    assert not torch_llga.is_enabled()
+
+
+def test_disabled_pass_changes_nothing():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        m = torch.jit.freeze(torch.jit.trace(model, x))
+        for _ in range(3):
+            y = m(x)
+        graph = torch.jit.last_executed_optimized_graph()
+    assert fusion_groups(graph) == [] and not graph.findAllNodes("llga::Guard", True)
+    torch.testing.assert_close(y, model(x))
+
+
+def test_ours_not_pytorchs_builtin_fuser():
+    fused = check(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()), torch.randn(1, 3, 16, 16),
+                  groups=[["_convolution", "relu"]])
+    assert torch.jit.onednn_fusion_enabled() is False
+    assert not fused.graph.findAllNodes("prim::oneDNNFusionGroup", True)
+    assert not fused.graph.findAllNodes("prim::oneDNNFusionGuard", True)
+    assert fused.graph.findAllNodes("llga::FusionGroup", True)
+
+
+def test_constant_weight_cache_on_by_default():
+    assert torch_llga._C._constant_cache_enabled()
+    code = "import torch_llga; print(torch_llga._C._constant_cache_enabled())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DNNL_GRAPH_CONSTANT_CACHE": "0"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_import_needs_no_library_path():
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-c", "import torch_llga; print(torch_llga.onednn_version())"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().startswith("3.2")
+
+
+def test_jit_log_shows_each_pass():
+    code = """
+import warnings, torch, torch_llga
+warnings.filterwarnings("ignore")
+torch_llga.enable()
+m = torch.jit.freeze(torch.jit.trace(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval(),
+                                     torch.randn(1, 3, 8, 8)))
+with torch.no_grad():
+    for _ in range(3): m(torch.randn(1, 3, 8, 8))
+"""
+    levels = ">>remove_mutation:>>decompose_ops:>>prepare_binary:>>defer_size_check:>>graph_fuser:" \
+             ">>layout_propagation:>>guard_shapes"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTORCH_JIT_LOG_LEVEL": levels},
+                         capture_output=True, text=True, check=True)
+    for line in ["After RemoveMutation", "After DecomposeOps", "After PrepareBinary", "After DeferSizeCheck",
+                 "Fusion group of [aten::_convolution, aten::relu]", "After FuseGraph", "After PropagateLayout",
+                 "After InsertGuards"]:
+        assert line in out.stderr, line

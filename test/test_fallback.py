@@ -1,0 +1,106 @@
+"""What stays in PyTorch, and what happens when inputs differ from the profiled ones."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from conftest import FP32, check, opaque_outputs
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x) + x)
+        return self.fc(x.mean((2, 3)))
+
+
+def assert_matches_eager(model, fused, x):
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), **FP32)
+
+
+def test_new_shape_is_guarded_and_correct():
+    model = ConvNet().eval()
+    fused = check(model, torch.randn(1, 3, 16, 16))
+    assert len(fused.groups) >= 2
+    for shape in [(2, 3, 16, 16), (1, 3, 24, 20), (1, 3, 16, 16), (2, 3, 16, 16)]:
+        for _ in range(3):  # the fallback is profiled and optimized on its own
+            assert_matches_eager(model, fused, torch.randn(*shape))
+
+
+def test_channels_last_and_non_contiguous_inputs():
+    model = ConvNet().eval()
+    fused = check(model, torch.randn(1, 3, 16, 16))
+    x = torch.randn(1, 3, 16, 16)
+    for _ in range(3):
+        assert_matches_eager(model, fused, x.to(memory_format=torch.channels_last))
+        assert_matches_eager(model, fused, torch.randn(1, 3, 32, 16)[:, :, ::2])
+        assert_matches_eager(model, fused, torch.randn(1, 16, 16, 3).permute(0, 3, 1, 2))
+
+
+def test_channels_last_traced():
+    model = ConvNet().eval()
+    x = torch.randn(1, 3, 16, 16).to(memory_format=torch.channels_last)
+    fused = check(model, x)
+    assert len(fused.groups) >= 2
+
+
+def test_other_dtype_than_traced_falls_back():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    fused = check(model, torch.randn(2, 8), groups=[["linear", "relu"]])
+    model64 = model.double()
+    with torch.no_grad():
+        module64 = torch.jit.freeze(torch.jit.trace(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval().double(),
+                                                    torch.randn(2, 8, dtype=torch.float64)))
+    # float64 is not mapped: nothing fuses, results stay exact.
+    f64 = check(model64, torch.randn(2, 8, dtype=torch.float64), groups=[])
+    assert f64.unfused == ["linear", "relu"]
+    del module64, fused
+
+
+def test_int_tensors_are_left_alone():
+    a = torch.arange(24).view(2, 3, 4)
+    fused = check(lambda a, b: torch.relu(a + b) * 2, a, a.flip(0), groups=[])
+    assert sorted(fused.unfused) == ["add", "mul", "relu"]
+    assert fused.output.dtype == torch.int64
+
+
+def test_unsupported_op_splits_groups():
+    class Split(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(4, 4, 3, padding=1)
+            self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            return F.relu(self.conv2(torch.sin(F.relu(self.conv1(x)))))
+
+    fused = check(Split(), torch.randn(1, 4, 12, 12), groups=[["_convolution", "relu"], ["_convolution", "relu"]])
+    assert fused.unfused == ["sin"]
+    # The first group's output is read by PyTorch (sin): it must be a strided tensor.
+    first = fused.graph.findAllNodes("llga::FusionGroup", True)[0]
+    assert opaque_outputs(first) == [0]
+
+
+def test_model_without_mappable_ops_is_unchanged():
+    fused = check(lambda a: torch.sin(a).cumsum(0), torch.randn(4, 4), groups=[])
+    assert fused.unfused == ["sin", "cumsum"]
+    assert not fused.graph.findAllNodes("llga::Guard", True)
+
+
+def test_grad_mode_uses_no_fusion():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    x = torch.randn(2, 8, requires_grad=True)
+    import torch_llga
+    with torch_llga.enabled():
+        m = torch.jit.freeze(torch.jit.trace(model, x.detach()))
+        for _ in range(3):
+            y = m(x)
+    torch.testing.assert_close(y, model(x), **FP32)
+    y.sum().backward()  # autograd still works: the fused path was not taken
+    assert x.grad is not None

@@ -1,0 +1,27 @@
+"""Whole torchvision models: fused, and equal to eager.
+
+Tolerance: fp32 sums over ~50 layers in a different order (oneDNN's blocked kernels vs PyTorch's)
+drift by ~1e-5 relative per layer; 1e-4 relative and absolute covers it with room, while a
+wrong op (a missing bias, a wrong pad) shows as errors of 1e-1 and more.
+"""
+import collections
+
+import pytest
+import torch
+import torchvision
+
+from conftest import check
+
+MODEL_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,min_groups", [("resnet50", 6), ("mobilenet_v2", 10)])
+def test_torchvision_model(name, min_groups):
+    model = getattr(torchvision.models, name)().eval()
+    x = torch.rand(1, 3, 224, 224)
+    fused = check(model, x, **MODEL_TOL)
+    assert len(fused.groups) >= min_groups
+    ops = collections.Counter(op for g in fused.groups for op in g)
+    total_convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    assert ops["_convolution"] == total_convs  # every conv runs in oneDNN
+    assert "linear" in ops

@@ -1,0 +1,94 @@
+"""Fusion patterns from real models: the groups oneDNN v3.2 forms and their numerics."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from conftest import check, opaque_outputs
+
+
+class ConvBnRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+def test_conv_bn_relu_frozen():
+    # Freezing folds the batch norm into the conv's weights; conv + relu remain.
+    check(ConvBnRelu(), torch.randn(1, 3, 16, 16), groups=[["_convolution", "relu"]])
+
+
+def test_conv_bn_relu_unfrozen():
+    # Not frozen: the batch norm is there, and oneDNN fuses it into the conv as a post-op.
+    check(ConvBnRelu(), torch.randn(1, 3, 16, 16), freeze=False, groups=[["_convolution", "batch_norm", "relu"]])
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = F.relu(self.conv1(x))
+        return F.relu(self.conv2(y) + y)
+
+
+def test_conv_add_relu_residual():
+    fused = check(Residual(), torch.randn(1, 8, 16, 16),
+                  groups=[["_convolution", "relu"], ["_convolution", "add", "relu"]])
+    # The first group's output is read only by the second: it may stay in oneDNN's layout.
+    first, second = fused.graph.findAllNodes("llga::FusionGroup", True)
+    assert opaque_outputs(first) == [1] and opaque_outputs(second) == [0]
+
+
+def test_linear_gelu():
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU())
+    check(model, torch.randn(4, 32), groups=[["linear", "gelu"]])
+
+
+def test_linear_gelu_tanh():
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(approximate="tanh"))
+    fused = check(model, torch.randn(4, 32))
+    ops = sum(fused.groups, [])
+    assert "linear" in fused.groups[0] and "tanh" in ops and fused.unfused == []
+
+
+def attention_scores(q, k, mask):
+    return torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 8.0 + mask, dim=-1)
+
+
+def test_attention_scores():
+    q, k = torch.randn(1, 4, 16, 64), torch.randn(1, 4, 16, 64)
+    mask = torch.zeros(1, 1, 1, 16)
+    mask[..., -3:] = -10000.0
+    fused = check(attention_scores, q, k, mask, groups=[["matmul", "div", "add"], ["softmax"]])
+    assert fused.unfused == ["transpose"]  # a lone transpose has no oneDNN v3.2 partition
+
+
+def test_layer_norm_after_add():
+    ln = nn.LayerNorm(32)
+
+    class AddNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+            self.ln = ln
+
+        def forward(self, x):
+            return self.ln(self.lin(x) + x)
+
+    # The add joins the linear as a post-op; layer_norm forms its own group.
+    check(AddNorm(), torch.randn(2, 8, 32), groups=[["linear", "add"], ["layer_norm"]])
+
+
+def test_mlp_chain():
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.LeakyReLU(0.01), nn.Linear(32, 8))
+    fused = check(model, torch.randn(8, 16), groups=[["linear", "relu"], ["linear", "leaky_relu"], ["linear"]])
+    # Groups feeding groups keep oneDNN's layout.
+    assert [opaque_outputs(g) for g in fused.graph.findAllNodes("llga::FusionGroup", True)] == [[1], [1], [0]]
