@@ -12,6 +12,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_fuse_single_ops", &llga::runtime::set_fuse_single_ops);
   m.def("_fuse_single_ops", &llga::runtime::fuse_single_ops);
   m.def("_constant_cache_enabled", [] { return dnnl::graph::get_constant_tensor_cache() != 0; });
+  m.def("_stats", [] {
+    auto& s = llga::runtime::stats();
+    pybind11::dict d;
+    d["executions"] = s.executions.load();
+    d["compilations"] = s.compilations.load();
+    d["guard_failures"] = s.guard_failures.load();
+    d["kernel_fallbacks"] = s.kernel_fallbacks.load();
+    return d;
+  });
   m.def("_onednn_version", [] {
     return std::to_string(DNNL_VERSION_MAJOR) + "." + std::to_string(DNNL_VERSION_MINOR) + "." +
            std::to_string(DNNL_VERSION_PATCH);

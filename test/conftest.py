@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import torch_llga
+from torch_llga.report import fusion_groups, unfused_ops
 
 # torch 2.14 deprecates TorchScript with FutureWarnings; everything still works.
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -12,25 +13,10 @@ warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
 FP32 = dict(rtol=1e-5, atol=1e-5)
 
 
-def fusion_groups(graph):
-    """The op kinds inside each llga::FusionGroup of a graph, "aten::" dropped, in subgraph order."""
-    groups = []
-    for node in graph.findAllNodes("llga::FusionGroup", True):
-        kinds = [n.kind() for n in node.g("Subgraph").nodes()
-                 if n.kind() not in ("prim::Constant", "prim::ListConstruct")]
-        groups.append([k.replace("aten::", "") for k in kinds])
-    return groups
-
-
-def unfused_ops(graph):
-    """aten ops left in the top-level graph (outside the groups and their fallbacks)."""
-    return [n.kind().replace("aten::", "") for n in graph.nodes() if n.kind().startswith("aten::")]
-
-
 class Fused:
     """A model traced (and frozen, if it is a module) with torch_llga on, run past profiling."""
 
-    def __init__(self, model, inputs, freeze=True, runs=3):
+    def __init__(self, model, inputs, freeze=True, runs=2):
         self.inputs = inputs
         with torch.no_grad(), torch_llga.enabled():
             if isinstance(model, torch.jit.ScriptFunction):
@@ -60,6 +46,14 @@ def check(model, *inputs, groups=None, freeze=True, **tol):
         expected = model(*inputs)
     fused = Fused(model, inputs, freeze=freeze)
     torch.testing.assert_close(fused.output, expected, equal_nan=True, **(tol or FP32))
+    # A further call (fuser now off) must run the fused partitions, not the guards' fallback.
+    before = torch_llga.stats()
+    again = fused(*inputs)
+    after = torch_llga.stats()
+    torch.testing.assert_close(again, expected, equal_nan=True, **(tol or FP32))
+    assert after["guard_failures"] == before["guard_failures"], "a guard rejected the profiled inputs"
+    assert after["kernel_fallbacks"] == before["kernel_fallbacks"]
+    assert after["executions"] - before["executions"] == len(fused.groups)
     if groups is not None:
         assert fused.groups == groups, f"groups {fused.groups}, unfused {fused.unfused}\n{fused.graph}"
     return fused

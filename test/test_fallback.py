@@ -3,6 +3,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import torch_llga
+
 from conftest import FP32, check, opaque_outputs
 
 
@@ -28,19 +30,26 @@ def test_new_shape_is_guarded_and_correct():
     model = ConvNet().eval()
     fused = check(model, torch.randn(1, 3, 16, 16))
     assert len(fused.groups) >= 2
+    before = torch_llga.stats()["guard_failures"]
     for shape in [(2, 3, 16, 16), (1, 3, 24, 20), (1, 3, 16, 16), (2, 3, 16, 16)]:
         for _ in range(3):  # the fallback is profiled and optimized on its own
             assert_matches_eager(model, fused, torch.randn(*shape))
+    assert torch_llga.stats()["guard_failures"] > before  # the new shapes did not reach the fused groups
 
 
 def test_channels_last_and_non_contiguous_inputs():
+    # Same sizes, other strides: the guard passes and the kernel compiles for the actual strides.
     model = ConvNet().eval()
     fused = check(model, torch.randn(1, 3, 16, 16))
     x = torch.randn(1, 3, 16, 16)
+    before = torch_llga.stats()
     for _ in range(3):
         assert_matches_eager(model, fused, x.to(memory_format=torch.channels_last))
         assert_matches_eager(model, fused, torch.randn(1, 3, 32, 16)[:, :, ::2])
         assert_matches_eager(model, fused, torch.randn(1, 16, 16, 3).permute(0, 3, 1, 2))
+    after = torch_llga.stats()
+    assert after["guard_failures"] == before["guard_failures"]
+    assert after["executions"] - before["executions"] == 9 * len(fused.groups)
 
 
 def test_channels_last_traced():
@@ -96,7 +105,6 @@ def test_model_without_mappable_ops_is_unchanged():
 def test_grad_mode_uses_no_fusion():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
     x = torch.randn(2, 8, requires_grad=True)
-    import torch_llga
     with torch_llga.enabled():
         m = torch.jit.freeze(torch.jit.trace(model, x.detach()))
         for _ in range(3):

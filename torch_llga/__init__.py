@@ -15,7 +15,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C
 
-__all__ = ["enable", "disable", "is_enabled", "enabled", "onednn_version"]
+__all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version"]
 
 
 def enable():
@@ -42,6 +42,12 @@ def enabled(on=True):
         yield
     finally:
         _C._set_enabled(previous)
+
+
+def stats():
+    """Process-wide counters: fused executions, partition compilations, guard failures (calls whose
+    inputs differed from the profile and ran unfused) and kernel fallbacks (oneDNN could not compile)."""
+    return dict(_C._stats())
 
 
 def onednn_version():

@@ -38,7 +38,9 @@ at::Tensor llga_to_dense(const at::Tensor& t) {
   if (out.numel() == 0) return out;
   // A one-op graph: Reorder from the opaque layout to plain strided.
   using dnnl::graph::logical_tensor;
-  logical_tensor in_lt(0, src.get_data_type(), dims, src.get_layout_id());
+  logical_tensor in_lt = src.get_layout_type() == logical_tensor::layout_type::opaque
+                            ? logical_tensor(0, src.get_data_type(), dims, src.get_layout_id())
+                            : logical_tensor(0, src.get_data_type(), dims, src.get_strides());
   logical_tensor out_lt(1, src.get_data_type(), dims, out.strides().vec());
   dnnl::graph::op reorder(0, dnnl::graph::op::kind::Reorder, {in_lt}, {out_lt}, "to_dense");
   dnnl::graph::graph g(dnnl::engine::kind::cpu);

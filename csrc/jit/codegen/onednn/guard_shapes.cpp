@@ -1,5 +1,6 @@
-// Each fusion group was built for the profiled sizes, strides, dtypes and devices of its inputs.
-// In front of each group goes an llga::Guard that checks them at run time:
+// Each fusion group was built for the profiled sizes, dtypes and devices of its inputs (static
+// shapes in StaticReshape, pooling output sizes, ...). In front of each group goes an llga::Guard
+// that checks them at run time (strides need no fallback: the kernel compiles per stride pattern):
 //
 //   %x.checked, %ok = llga::Guard[types=[Float(1, 3, 224, 224, strides=...)]](%x)
 //   %y = prim::If(%ok)

@@ -101,6 +101,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
       auto contiguous = c10::contiguous_strides(sizes);
       strides.assign(contiguous.begin(), contiguous.end());
     }
+    opaque_port_.push_back(opaque_output_[j]);
     out_sizes_.push_back(sizes);
     out_strides_.push_back(strides);
     out_dtypes_.push_back(*t->scalarType());
@@ -131,6 +132,7 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
                           : logical_tensor(out_port_id_[p], dtype, out_sizes_[p], out_strides_[p]));
   }
   try {
+    runtime::stats().compilations++;
     c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
     for (size_t p = 0; p < out_port_id_.size(); ++p) c.outputs.push_back(c.partition.query_logical_tensor(out_port_id_[p]));
   } catch (const dnnl::error& e) {
@@ -160,6 +162,7 @@ FusionKernel::Compiled& FusionKernel::compiled_for(const std::vector<at::Tensor>
 }
 
 void FusionKernel::run_fallback(Stack& stack, std::vector<at::Tensor>& inputs) {
+  runtime::stats().kernel_fallbacks++;
   {
     std::lock_guard<std::mutex> lock(cache_mutex_);
     if (!fallback_code_) fallback_code_ = std::make_unique<torch::jit::Code>(subgraph_->copy(), "llga_fallback");
@@ -184,9 +187,10 @@ void FusionKernel::run(Stack& stack) {
                             data_of(in_port_input_[p] == kConstantPort ? in_port_constant_[p] : inputs[in_port_input_[p]]));
   for (size_t p = 0; p < c.outputs.size(); ++p) {
     const auto& lt = c.outputs[p];
-    at::Tensor t = lt.get_layout_type() == logical_tensor::layout_type::strided
-                       ? at::empty_strided(out_sizes_[p], lt.get_strides(), at::TensorOptions().dtype(out_dtypes_[p]))
-                       : empty_llga(lt, out_dtypes_[p]);
+    // An output only groups read is an LLGA tensor whatever layout oneDNN chose (blocked, or a
+    // strided one such as NHWC): the next group reads its layout from it, and guards accept it.
+    at::Tensor t = opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
+                                   : at::empty_strided(out_sizes_[p], lt.get_strides(), at::TensorOptions().dtype(out_dtypes_[p]));
     out_tensors.emplace_back(lt, runtime::engine(), data_of(t));
     outs.push_back(std::move(t));
   }
@@ -194,45 +198,37 @@ void FusionKernel::run(Stack& stack) {
     std::lock_guard<std::mutex> lock(c.execute_mutex);
     c.partition.execute(runtime::stream(), in_tensors, out_tensors);
   }
+  runtime::stats().executions++;
   torch::jit::drop(stack, num_inputs_);
   for (size_t j = 0; j < output_port_.size(); ++j) stack.emplace_back(outs[output_port_[j]]);
 }
 
 namespace {
 
-// The llga::Guard operator (see guard_shapes.cpp): true when every input still has its profiled
-// dtype, device, sizes and strides (strides of size-1 dims do not matter; an LLGA tensor's layout
-// was chosen by our own upstream group).
-struct Expected {
-  c10::ScalarType dtype;
-  c10::Device device;
-  std::vector<int64_t> sizes, strides;
-};
-
-bool matches(const at::Tensor& t, const Expected& e) {
-  if (!t.defined() || t.scalar_type() != e.dtype || t.device() != e.device) return false;
+// The llga::Guard operator (see guard_shapes.cpp): true when every input still has what the
+// group was specialized on: dtype, device and sizes (and no grad is needed). Strides are not part of
+// that: the kernel compiles for the actual strides (or LLGA layout) and caches per stride pattern,
+// so a channels_last or sliced input runs fused and correct. (The profile's strides are also lossy:
+// it canonicalizes strides around size-1 dims, so comparing against them rejects valid inputs.)
+bool matches(const at::Tensor& t, const TensorType& expected) {
+  if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
-  if (t.sizes() != c10::IntArrayRef(e.sizes)) return false;
-  if (is_llga_tensor(t)) return true;
-  auto st = t.strides();
-  for (size_t d = 0; d < e.sizes.size(); ++d)
-    if (e.sizes[d] != 1 && st[d] != e.strides[d]) return false;
-  return true;
+  return t.sizes() == *expected.sizes().concrete_sizes();
 }
 
 torch::jit::Operation make_guard(const torch::jit::Node* node) {
-  std::vector<Expected> expected;
-  for (const auto& type : node->tys(c10::attr::types)) {
-    auto t = type->expect<TensorType>();
-    expected.push_back({*t->scalarType(), *t->device(), *t->sizes().concrete_sizes(), *t->strides().concrete_sizes()});
-  }
+  std::vector<torch::jit::TensorTypePtr> expected;
+  for (const auto& type : node->tys(c10::attr::types)) expected.push_back(type->expect<TensorType>());
   return [expected](Stack& stack) {
     size_t n = expected.size();
     auto inputs = torch::jit::last(stack, n);
     bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), expected[i]);
-    if (!ok)  // the fallback runs PyTorch ops: no opaque tensor may reach them
+    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i]);
+    if (!ok) {
+      runtime::stats().guard_failures++;
+      // The fallback runs PyTorch ops: no LLGA tensor may reach them.
       for (size_t i = 0; i < n; ++i) stack[stack.size() - n + i] = llga_to_dense(stack[stack.size() - n + i].toTensor());
+    }
     stack.emplace_back(ok);
   };
 }

@@ -31,6 +31,11 @@ dnnl::stream& stream() {
   return s;
 }
 
+Stats& stats() {
+  static Stats s;
+  return s;
+}
+
 bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 bool fuse_single_ops() { return g_fuse_single_ops.load(std::memory_order_relaxed); }

@@ -2,6 +2,9 @@
 // Process-wide oneDNN objects and settings shared by the passes and the kernel.
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
+#include <atomic>
+#include <cstdint>
+
 namespace llga::runtime {
 
 dnnl::engine& engine();
@@ -14,5 +17,14 @@ void set_enabled(bool on);
 // Debug/test knob: also make groups of single cheap ops (a lone relu), normally left to PyTorch.
 bool fuse_single_ops();
 void set_fuse_single_ops(bool on);
+
+// Counters of what the kernels and guards did, process-wide (torch_llga.stats()).
+struct Stats {
+  std::atomic<int64_t> executions{0};     // fused partition executions
+  std::atomic<int64_t> compilations{0};   // partitions compiled (one per group and input layout)
+  std::atomic<int64_t> guard_failures{0}; // calls that took the unfused fallback: inputs differed from the profile
+  std::atomic<int64_t> kernel_fallbacks{0};  // calls a kernel ran unfused because oneDNN could not compile
+};
+Stats& stats();
 
 }  // namespace llga::runtime
