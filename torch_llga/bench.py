@@ -1,0 +1,218 @@
+"""Benchmark: torch_llga beside eager, TorchScript, PyTorch's built-in oneDNN fuser and torch.compile.
+
+    python -m torch_llga.bench [--models resnet50,lld6] [--backends ...] [--threads 2] [--out bench_out/run]
+
+Rounds are interleaved across backends so machine drift hits all alike; the figures are medians.
+A backend that fails on a model is reported as failed, with its error.
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+import torch_llga
+from torch_llga.bench_models import MODELS
+
+warnings.filterwarnings("ignore")
+
+BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga"]
+
+
+class Backend:
+    """A model prepared one way; call() runs it once in the state it needs (fuser switches)."""
+
+    def __init__(self, name, model, inputs):
+        self.name, self.inputs = name, inputs
+        t0 = time.perf_counter()
+        with torch.no_grad(), self.switch():
+            if name == "eager":
+                self.fn = model
+            elif name == "torch_compile":
+                import torch._inductor.config as inductor_config
+
+                inductor_config.freezing = True
+                self.fn = torch.compile(model)
+            else:
+                self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
+            self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
+            self.output = self.fn(*inputs)  # optimization and first optimized run
+        self.warmup_ms = (time.perf_counter() - t0) * 1e3
+
+    def switch(self):
+        if self.name == "torch_llga":
+            return torch_llga.enabled()
+        if self.name == "builtin_onednn":
+            return BuiltinFuser()
+        return torch_llga.enabled(False)
+
+    def time_ms(self, repeat):
+        with torch.no_grad(), self.switch():
+            t = time.perf_counter()
+            for _ in range(repeat):
+                self.fn(*self.inputs)
+            return (time.perf_counter() - t) * 1e3 / repeat
+
+
+class BuiltinFuser:
+    """PyTorch's own oneDNN fuser, on for the duration: the baseline we compare against."""
+
+    def __enter__(self):
+        torch.jit.enable_onednn_fusion(True)
+
+    def __exit__(self, *exc):
+        torch.jit.enable_onednn_fusion(False)
+
+
+def first(output):
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def flops_of(model, inputs):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    return counter.get_total_flops()
+
+
+def progress(text):
+    sys.stderr.write(f"\r\033[K{text}")
+    sys.stderr.flush()
+
+
+def bench_model(name, backends, args):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name](args.batch)
+    model = model.eval()
+    if args.dtype == "bf16":
+        model = model.to(torch.bfloat16)
+        inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    with torch.no_grad():
+        expected = first(model(*inputs))
+    row = {"model": name, "flops": flops_of(model, inputs), "results": {}}
+    ready = []
+    for b in backends:
+        progress(f"{name}: preparing {b}")
+        try:
+            backend = Backend(b, model, inputs)
+            diff = (first(backend.output).float() - expected.float()).abs().max().item()
+            row["results"][b] = {"warmup_ms": backend.warmup_ms, "max_abs_diff": diff, "times": []}
+            ready.append(backend)
+        except Exception as e:  # reported, not dropped
+            row["results"][b] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+    if not ready:
+        return row
+    # Calls per sample: enough that one sample lasts ~5 ms (timer noise on microsecond models).
+    once = min(bk.time_ms(1) for bk in ready)
+    repeat = max(1, min(1000, int(5.0 / max(once, 1e-3))))
+    for r in range(args.rounds):
+        progress(f"{name}: round {r + 1}/{args.rounds}")
+        for backend in ready:
+            row["results"][backend.name]["times"].append(backend.time_ms(repeat))
+    for backend in ready:
+        res = row["results"][backend.name]
+        res["median_ms"] = statistics.median(res["times"])
+    return row
+
+
+def ratio(row, base, b):
+    r = row["results"]
+    if "median_ms" in r.get(base, {}) and "median_ms" in r.get(b, {}):
+        return r[base]["median_ms"] / r[b]["median_ms"]
+    return None
+
+
+def markdown(rows, backends, args):
+    head = f"torch {torch.__version__}, oneDNN (torch_llga) {torch_llga.onednn_version()}, " \
+           f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms"
+    lines = [head, "", "| model | " + " | ".join(backends) +
+             " | llga vs TS | llga vs built-in | llga GFLOP/s | first 2 calls ms (llga / built-in) |",
+             "|---" * (len(backends) + 5) + "|"]
+    for row in rows:
+        cells = []
+        for b in backends:
+            res = row["results"].get(b, {})
+            cells.append(f"{res['median_ms']:.3f}" if "median_ms" in res else f"failed: {res.get('error', '?')}")
+        r_ts, r_bi = ratio(row, "torchscript", "torch_llga"), ratio(row, "builtin_onednn", "torch_llga")
+        llga = row["results"].get("torch_llga", {})
+        gflops = f"{row['flops'] / llga['median_ms'] / 1e6:.0f}" if "median_ms" in llga and row["flops"] else "-"
+        warm = "/".join(f"{row['results'].get(b, {}).get('warmup_ms', float('nan')):.0f}"
+                        for b in ("torch_llga", "builtin_onednn"))
+        cells += [f"{r_ts:.2f}x" if r_ts else "-", f"{r_bi:.2f}x" if r_bi else "-", gflops, warm]
+        lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
+    ratios = [ratio(row, "builtin_onednn", "torch_llga") for row in rows]
+    ratios = [r for r in ratios if r]
+    if ratios:
+        lines.append("")
+        lines.append(f"geometric mean, torch_llga vs built-in fuser: "
+                     f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x over {len(ratios)} models")
+    return "\n".join(lines)
+
+
+def plot(rows, backends, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 4))
+    width = 0.8 / len(backends)
+    for i, b in enumerate(backends):
+        # Speed relative to TorchScript: taller is faster.
+        vals = [ratio(row, "torchscript", b) or 0 for row in rows]
+        ax.bar([k + i * width for k in range(len(rows))], vals, width, label=b)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))], [r["model"] for r in rows], rotation=30, ha="right")
+    ax.set_ylabel("speed vs TorchScript (x)")
+    ax.axhline(1, color="gray", lw=0.5)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet50,resnet18_64,mobilenet_v2,mobilenet_v3_large,vit_b_16,bert_base,"
+                        "deep_and_wide,deep_and_wide_64,lld6,xml_cnn,mlp,conv3x3_512",
+                        help="comma-separated, from: " + ", ".join(MODELS))
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from: " + ", ".join(BACKENDS))
+    parser.add_argument("--batch", type=int, default=1, help="batch multiplier (models keep their own base batch)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--out", help="write <out>.md (the table) and <out>.png (a bar chart)")
+    args = parser.parse_args(argv)
+
+    models = [m for m in args.models.split(",") if m]
+    backends = [b for b in args.backends.split(",") if b]
+    for m in models:
+        if m not in MODELS:
+            parser.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    for b in backends:
+        if b not in BACKENDS:
+            parser.error(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
+    torch.set_num_threads(args.threads)
+
+    rows = []
+    for i, name in enumerate(models):
+        progress(f"[{i + 1}/{len(models)}] {name}")
+        rows.append(bench_model(name, backends, args))
+    progress("")
+    table = markdown(rows, backends, args)
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    if args.out:
+        with open(args.out + ".md", "w") as f:
+            f.write(table + "\n")
+        plot(rows, backends, args.out + ".png")
+
+
+if __name__ == "__main__":
+    main()

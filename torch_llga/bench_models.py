@@ -1,0 +1,111 @@
+"""The benchmark's models, random weights (nothing downloaded), each with its example inputs."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class DeepAndWide(nn.Module):
+    """PyTorch's static-runtime benchmark model: framework overhead, not arithmetic, dominates."""
+
+    def __init__(self, num_features=50):
+        super().__init__()
+        self.mu = nn.Parameter(torch.randn(1, num_features))
+        self.sigma = nn.Parameter(torch.randn(1, num_features))
+        self.fc_w = nn.Parameter(torch.randn(1, num_features + 1))
+        self.fc_b = nn.Parameter(torch.randn(1))
+
+    def forward(self, ad_emb_packed, user_emb, wide):
+        wide_preproc = ((wide + self.mu) * self.sigma).clamp(0, 10)
+        dp = torch.bmm(ad_emb_packed, user_emb.transpose(1, 2)).flatten(1)
+        features = torch.cat([dp, wide_preproc], 1)
+        return torch.sigmoid(torch.addmm(self.fc_b, features, self.fc_w.t()))
+
+
+class LLD6(nn.Module):
+    """Six linear layers with leaky_relu(0.01) and dropout (eval: identity)."""
+
+    def __init__(self):
+        super().__init__()
+        sizes = [128, 256, 256, 512, 256, 256, 128]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = self.dropout(F.leaky_relu(layer(x), 0.01))
+        return x
+
+
+class XMLCNN(nn.Module):
+    """XML-CNN (extreme multi-label text classification): embedding, 1-d convs of widths 2/4/8,
+    dynamic max-pooling, concat, bottleneck linear, output linear. Scaled to this 2-core machine:
+    batch 8, 128 tokens, 4,096 labels (the paper's runs use up to 670k labels)."""
+
+    def __init__(self, vocab=30000, emb=304, filters=32, seq=128, pool_chunks=8, hidden=512, labels=4096):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, emb)
+        self.convs = nn.ModuleList(nn.Conv1d(emb, filters, k, stride=2) for k in (2, 4, 8))
+        self.pool_chunks = pool_chunks
+        width = sum(filters * pool_chunks for _ in self.convs)
+        self.bottleneck = nn.Linear(width, hidden)
+        self.out = nn.Linear(hidden, labels)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens).transpose(1, 2)
+        pooled = [F.adaptive_max_pool1d(F.relu(conv(x)), self.pool_chunks).flatten(1) for conv in self.convs]
+        return self.out(F.relu(self.bottleneck(torch.cat(pooled, 1))))
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class BertWrapper(nn.Module):
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask):
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask)[0]
+
+
+def bert_base(batch, seq=128):
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(return_dict=False, torchscript=True)
+    model = BertWrapper(BertModel(config))
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    return model, (ids, torch.ones(batch, seq, dtype=torch.long))
+
+
+def torchvision_model(name, size):
+    def make(batch):
+        import torchvision
+
+        return getattr(torchvision.models, name)(), (torch.rand(batch, 3, size, size),)
+
+    return make
+
+
+# name -> (batch -> (model, inputs)); the default batch is 1 unless the name says otherwise.
+MODELS = {
+    "resnet50": torchvision_model("resnet50", 224),
+    "resnet18_64": torchvision_model("resnet18", 64),
+    "mobilenet_v2": torchvision_model("mobilenet_v2", 224),
+    "mobilenet_v3_large": torchvision_model("mobilenet_v3_large", 224),
+    "vit_b_16": torchvision_model("vit_b_16", 224),
+    "bert_base": bert_base,
+    "deep_and_wide": lambda b: (DeepAndWide(), (torch.randn(b, 1, 32), torch.randn(b, 1, 32), torch.randn(b, 50))),
+    "deep_and_wide_64": lambda b: (DeepAndWide(), (torch.randn(64, 1, 32), torch.randn(64, 1, 32), torch.randn(64, 50))),
+    "lld6": lambda b: (LLD6(), (torch.randn(32 * b, 128),)),
+    "xml_cnn": lambda b: (XMLCNN(), (torch.randint(0, 30000, (8 * b, 128)),)),
+    "mlp": lambda b: (MLP(), (torch.randn(b, 256),)),
+}
+
+# The machine's conv throughput reference: one large 3x3 conv (3.7 GFLOP).
+MODELS["conv3x3_512"] = lambda b: (nn.Conv2d(512, 512, 3, padding=1), (torch.rand(b, 512, 28, 28),))
