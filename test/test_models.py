@@ -25,3 +25,27 @@ def test_torchvision_model(name, min_groups):
     total_convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     assert ops["_convolution"] == total_convs  # every conv runs in oneDNN
     assert "linear" in ops
+
+
+def test_bert_from_transformers():
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        return_dict=False, torchscript=True)
+    bert = BertModel(config).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, mask):
+            return self.bert(input_ids=ids, attention_mask=mask)[0]
+
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 12:] = 0
+    fused = check(Encoder(), ids, mask, **MODEL_TOL)
+    ops = collections.Counter(op for g in fused.groups for op in g)
+    assert ops["linear"] == 2 * 6  # q, k, v, attention output, two feed-forward
+    assert ops["layer_norm"] >= 2 * 2

@@ -141,23 +141,23 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
   }
 }
 
-FusionKernel::Compiled& FusionKernel::compiled_for(const std::vector<at::Tensor>& inputs) {
+std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const std::vector<at::Tensor>& inputs) {
   std::vector<int64_t> key;
   key.reserve(in_port_input_.size() * 10);
   for (size_t i : in_port_input_)
     if (i != kConstantPort) append_key(key, inputs[i]);
   std::lock_guard<std::mutex> lock(cache_mutex_);
   for (auto it = cache_.begin(); it != cache_.end(); ++it) {
-    if (it->key == key) {
+    if ((*it)->key == key) {
       if (it != cache_.begin()) cache_.splice(cache_.begin(), cache_, it);
       return cache_.front();
     }
   }
   if (cache_.size() >= kCacheCapacity) cache_.pop_back();
-  cache_.emplace_front();
-  Compiled& c = cache_.front();
-  c.key = std::move(key);
-  compile(c, inputs);
+  auto c = std::make_shared<Compiled>();
+  c->key = std::move(key);
+  compile(*c, inputs);
+  cache_.push_front(c);
   return c;
 }
 
@@ -167,17 +167,21 @@ void FusionKernel::run_fallback(Stack& stack, std::vector<at::Tensor>& inputs) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
     if (!fallback_code_) fallback_code_ = std::make_unique<torch::jit::Code>(subgraph_->copy(), "llga_fallback");
   }
-  torch::jit::drop(stack, num_inputs_);
-  for (auto& t : inputs) stack.emplace_back(llga_to_dense(t));
+  // Tensors densified for PyTorch's ops; other inputs as they were.
+  for (size_t i = 0; i < num_inputs_; ++i) {
+    auto& slot = stack[stack.size() - num_inputs_ + i];
+    if (slot.isTensor()) slot = llga_to_dense(slot.toTensor());
+  }
   torch::jit::InterpreterState(*fallback_code_).run(stack);
 }
 
 void FusionKernel::run(Stack& stack) {
   std::vector<at::Tensor> inputs;
   inputs.reserve(num_inputs_);
-  for (auto& v : torch::jit::last(stack, num_inputs_)) inputs.push_back(readable(v.toTensor()));
+  for (auto& v : torch::jit::last(stack, num_inputs_)) inputs.push_back(v.isTensor() ? readable(v.toTensor()) : at::Tensor());
   if (whole_fallback_) return run_fallback(stack, inputs);
-  Compiled& c = compiled_for(inputs);
+  std::shared_ptr<Compiled> compiled = compiled_for(inputs);
+  Compiled& c = *compiled;
   if (c.fallback) return run_fallback(stack, inputs);
 
   std::vector<at::Tensor> outs;

@@ -32,7 +32,8 @@ class FusionKernel {
     std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
   };
 
-  Compiled& compiled_for(const std::vector<at::Tensor>& inputs);
+  // Shared: another thread may evict the entry from the cache while this one executes it.
+  std::shared_ptr<Compiled> compiled_for(const std::vector<at::Tensor>& inputs);
   void compile(Compiled& c, const std::vector<at::Tensor>& inputs);
   void run_fallback(torch::jit::Stack& stack, std::vector<at::Tensor>& inputs);
 
@@ -51,7 +52,7 @@ class FusionKernel {
   std::vector<c10::ScalarType> out_dtypes_;
 
   std::mutex cache_mutex_;
-  std::list<Compiled> cache_;  // most recently used first
+  std::list<std::shared_ptr<Compiled>> cache_;  // most recently used first
   std::unique_ptr<torch::jit::Code> fallback_code_;
 };
 

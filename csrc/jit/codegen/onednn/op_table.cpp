@@ -400,9 +400,22 @@ const OpEntry* find_entry(const Node* n) {
   return nullptr;
 }
 
+// Guards check tensors only: any other input must be a constant the mapping baked in (a shape
+// computed at run time from aten::size, say, could change while the tensors' sizes do not).
+bool non_tensor_inputs_constant(const Node* n) {
+  for (const Value* v : n->inputs()) {
+    if (is_tensor(v) || v->node()->kind() == c10::prim::Constant) continue;
+    bool tensor_list = v->node()->kind() == c10::prim::ListConstruct;
+    for (const Value* e : v->node()->inputs()) tensor_list = tensor_list && is_tensor(e);
+    if (!tensor_list) return false;
+  }
+  return true;
+}
+
 std::optional<OpSpec> map_node(const Node* n) {
   const OpEntry* e = find_entry(n);
-  if (!e || n->outputs().size() != 1 || !supported_tensor(n->output())) return std::nullopt;
+  if (!e || n->outputs().size() != 1 || !supported_tensor(n->output()) || !non_tensor_inputs_constant(n))
+    return std::nullopt;
   OpSpec spec;
   spec.kind = e->kind;
   if (!e->build(n, spec)) return std::nullopt;
