@@ -7,7 +7,13 @@
 namespace llga::runtime {
 
 namespace {
-std::atomic<bool> g_enabled{false};
+// TORCH_LLGA_ENABLE=1 turns the fuser on when the library loads (servers gain it without code changes).
+bool enabled_by_environment() {
+  const char* env = std::getenv("TORCH_LLGA_ENABLE");
+  return env && std::strcmp(env, "1") == 0;
+}
+
+std::atomic<bool> g_enabled{enabled_by_environment()};
 std::atomic<bool> g_fuse_single_ops{false};
 
 // The constant weight cache: oneDNN keeps the reordered copy of each constant (frozen weight)

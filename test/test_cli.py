@@ -1,0 +1,57 @@
+"""python -m torch_llga run / explain on saved models, and its one-line errors."""
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "model.pt"
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()).eval()
+    with torch.no_grad():
+        torch.jit.freeze(torch.jit.trace(model, torch.rand(1, 3, 16, 16))).save(str(path))
+    return str(path)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "torch_llga", *args], capture_output=True, text=True)
+
+
+def test_run(saved):
+    out = cli("run", saved, "--input", "1x3x16x16", "--runs", "3", "--threads", "1")
+    assert out.returncode == 0, out.stderr
+    assert "TorchScript" in out.stdout and "torch_llga" in out.stdout and "max abs diff" in out.stdout
+    diff = float(out.stdout.rsplit("max abs diff", 1)[1])
+    assert diff < 1e-5
+
+
+def test_explain(saved):
+    out = cli("explain", saved, "--input", "1x3x16x16")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("2 fusion groups")
+    assert "[_convolution, relu]" in out.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "/no/such/model.pt", "--input", "1x3x16x16"], "no such file"),
+    (["run", "{model}", "--input", "1xAx16"], "bad --input"),
+    (["run", "{model}", "--input", "1x3x16"], "does not accept input"),
+    (["explain", "{notmodel}", "--input", "1x3x16x16"], "is not a saved TorchScript model"),
+])
+def test_errors_are_one_line(saved, tmp_path, args, message):
+    notmodel = tmp_path / "notes.txt"
+    notmodel.write_text("not a model")
+    out = cli(*[a.format(model=saved, notmodel=notmodel) for a in args])
+    assert out.returncode != 0
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_help():
+    out = cli("--help")
+    assert out.returncode == 0 and "run" in out.stdout and "explain" in out.stdout
+    out = cli("run", "--help")
+    assert "--input" in out.stdout and "--dtype" in out.stdout and "--threads" in out.stdout
