@@ -9,8 +9,7 @@
 PYBIND11_MODULE(_C, m) {
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
-  m.def("_set_fuse_single_ops", &llga::runtime::set_fuse_single_ops);
-  m.def("_fuse_single_ops", &llga::runtime::fuse_single_ops);
+  m.def("_set_fuse_all_partitions", &llga::runtime::set_fuse_all_partitions);
   m.def("_constant_cache_enabled", [] { return dnnl::graph::get_constant_tensor_cache() != 0; });
   m.def("_stats", [] {
     auto& s = llga::runtime::stats();

@@ -60,11 +60,11 @@ def check(model, *inputs, groups=None, freeze=True, **tol):
 
 
 @pytest.fixture
-def single_op_groups():
-    """Groups of one cheap op (normally left to PyTorch) are formed too, to test each mapping alone."""
-    torch_llga._C._set_fuse_single_ops(True)
+def all_partitions():
+    """Every supported partition becomes a group, also those not worth one (a lone relu), to test each mapping alone."""
+    torch_llga._C._set_fuse_all_partitions(True)
     yield
-    torch_llga._C._set_fuse_single_ops(False)
+    torch_llga._C._set_fuse_all_partitions(False)
 
 
 @pytest.fixture(autouse=True)

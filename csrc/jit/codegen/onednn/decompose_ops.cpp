@@ -3,6 +3,7 @@
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 
+#include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/type_inference.h"
 
@@ -81,27 +82,47 @@ void remove_eval_dropout(torch::jit::Block* block) {
   }
 }
 
+// A decomposition pays only where its ops fuse: after a compute op (as post-ops) or on tensors
+// large enough for a group of cheap ops. Elsewhere one aten kernel beats several.
+bool large(const Value* v) {
+  auto t = v->type()->cast<torch::jit::TensorType>();
+  return t && t->numel() && *t->numel() >= kMinElementsForCheapGroup;
+}
+
+bool after_compute_op(const Value* v) {
+  const OpEntry* e = find_entry(v->node());
+  return e && (e->flags & kWorthAlone);
+}
+
 }  // namespace
 
 void DecomposeOps(std::shared_ptr<Graph>& g) {
   SubgraphRewriter silu;
   silu.RegisterRewritePattern(kSilu, kSiluDecomposed);
-  silu.runOnGraph(g);
+  silu.runOnGraph(g, [](const Match& match, const std::unordered_map<std::string, Value*>& vmap) {
+    Value* x = match.values_map.at(vmap.at("x"));
+    return after_compute_op(x) || large(x);
+  });
 
   SubgraphRewriter gelu;
   gelu.RegisterRewritePattern(kGelu, kGeluTanhDecomposed);
   gelu.runOnGraph(g, [](const Match& match, const std::unordered_map<std::string, Value*>& vmap) {
     auto approximate = matched_constant(match, vmap, "approximate");
-    return approximate && approximate->isString() && approximate->toStringRef() == "tanh";
+    return approximate && approximate->isString() && approximate->toStringRef() == "tanh" &&
+           large(match.values_map.at(vmap.at("x")));
   });
 
   SubgraphRewriter addmm;
   addmm.RegisterRewritePattern(kAddmm, kAddmmDecomposed);
   addmm.runOnGraph(g, [](const Match& match, const std::unordered_map<std::string, Value*>& vmap) {
     // beta == 0 means "ignore bias" (NaN in it included): keep addmm then.
+    // And a matrix-vector addmm stays whole: its mm would not map (see op_table's matmul).
     auto beta = matched_constant(match, vmap, "beta");
     auto alpha = matched_constant(match, vmap, "alpha");
-    return beta && alpha && beta->isScalar() && alpha->isScalar() && beta->toScalar().toDouble() != 0;
+    auto out = match.values_map.at(vmap.at("r"))->type()->cast<torch::jit::TensorType>();
+    auto sizes = out ? out->sizes().concrete_sizes() : std::nullopt;
+    return beta && alpha && beta->isScalar() && alpha->isScalar() && beta->toScalar().toDouble() != 0 && sizes &&
+           !sizes->empty() && sizes->back() > 1;
   });
 
   remove_eval_dropout(g->block());

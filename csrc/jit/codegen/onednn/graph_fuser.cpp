@@ -71,6 +71,20 @@ std::string describe(const std::vector<Node*>& nodes) {
   return s;
 }
 
+// A group costs a guard, a branch and a oneDNN execution (several microseconds). Measured here:
+// partitions of only cheap ops (elementwise, reshapes) lose to PyTorch's kernels below ~256K
+// elements even with 3 ops, and a 2-op chain did not win at 1M. A compute op (conv, matmul,
+// normalization, pooling, softmax) always pays.
+bool worth_a_group(const std::vector<Node*>& nodes) {
+  int64_t largest = 0;
+  for (Node* n : nodes) {
+    if (find_entry(n)->flags & kWorthAlone) return true;
+    auto t = n->output()->type()->cast<torch::jit::TensorType>();
+    if (t && t->numel()) largest = std::max<int64_t>(largest, *t->numel());
+  }
+  return nodes.size() >= 3 && largest >= kMinElementsForCheapGroup;
+}
+
 void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& groups) {
   for (Node* n : block->nodes())
     for (auto* b : n->blocks()) fuse_block(b, db, groups);
@@ -88,8 +102,8 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
       GRAPH_DEBUG("oneDNN does not support the partition [", describe(nodes), "]: left to PyTorch");
       continue;
     }
-    if (nodes.size() == 1 && !(find_entry(nodes[0])->flags & kWorthAlone) && !runtime::fuse_single_ops()) {
-      GRAPH_DEBUG("Not worth a group alone: ", nodes[0]->kind().toQualString());
+    if (!worth_a_group(nodes) && !runtime::fuse_all_partitions()) {
+      GRAPH_DEBUG("Not worth a group: [", describe(nodes), "]");
       continue;
     }
     partitions.push_back(std::move(nodes));

@@ -46,6 +46,10 @@ struct OpEntry {
   bool (*build)(const Node* n, OpSpec& spec);
 };
 
+// Partitions of only cheap ops (elementwise, reshapes) pay for a group's fixed cost (guard, branch,
+// oneDNN execution) from about this many elements on (measured on this project's machine).
+constexpr int64_t kMinElementsForCheapGroup = 256 * 1024;
+
 const std::vector<OpEntry>& op_table();
 
 // The entry whose schema the node has, if any (conditions not checked).

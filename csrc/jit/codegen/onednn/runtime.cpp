@@ -14,7 +14,7 @@ bool enabled_by_environment() {
 }
 
 std::atomic<bool> g_enabled{enabled_by_environment()};
-std::atomic<bool> g_fuse_single_ops{false};
+std::atomic<bool> g_fuse_all_partitions{false};
 
 // The constant weight cache: oneDNN keeps the reordered copy of each constant (frozen weight)
 // input so weights are reordered once, not per call. On by default; DNNL_GRAPH_CONSTANT_CACHE=0
@@ -44,7 +44,7 @@ Stats& stats() {
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
-bool fuse_single_ops() { return g_fuse_single_ops.load(std::memory_order_relaxed); }
-void set_fuse_single_ops(bool on) { g_fuse_single_ops.store(on, std::memory_order_relaxed); }
+bool fuse_all_partitions() { return g_fuse_all_partitions.load(std::memory_order_relaxed); }
+void set_fuse_all_partitions(bool on) { g_fuse_all_partitions.store(on, std::memory_order_relaxed); }
 
 }  // namespace llga::runtime

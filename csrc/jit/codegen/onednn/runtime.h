@@ -14,9 +14,10 @@ dnnl::stream& stream();  // one per thread: oneDNN streams are not meant to be s
 bool enabled();
 void set_enabled(bool on);
 
-// Debug/test knob: also make groups of single cheap ops (a lone relu), normally left to PyTorch.
-bool fuse_single_ops();
-void set_fuse_single_ops(bool on);
+// Debug/test knob: make a group of every supported partition, also those not worth one (a lone
+// relu, a short elementwise chain), so each mapping can be tested by itself.
+bool fuse_all_partitions();
+void set_fuse_all_partitions(bool on);
 
 // Counters of what the kernels and guards did, process-wide (torch_llga.stats()).
 struct Stats {
