@@ -1,4 +1,4 @@
-#include "jit/codegen/onednn/kernel.h"
+#include "jit/codegen/onednn/fusion_kernel.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/strides.h>
@@ -47,6 +47,17 @@ void append_key(std::vector<int64_t>& key, const at::Tensor& t) {
     for (auto s : t.sizes()) key.push_back(s);
     for (auto s : t.strides()) key.push_back(s);
   }
+}
+
+// "opaque", "strided [..]" per output: what layout oneDNN chose (logged at compile time only).
+std::string describe_layouts(const std::vector<logical_tensor>& lts) {
+  std::string s;
+  for (const auto& lt : lts) {
+    if (!s.empty()) s += ", ";
+    s += lt.get_layout_type() == logical_tensor::layout_type::opaque ? "opaque"
+                                                                      : "strided " + c10::str(c10::IntArrayRef(lt.get_strides()));
+  }
+  return s;
 }
 
 }  // namespace
@@ -135,6 +146,8 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
     runtime::stats().compilations++;
     c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
     for (size_t p = 0; p < out_port_id_.size(); ++p) c.outputs.push_back(c.partition.query_logical_tensor(out_port_id_[p]));
+    GRAPH_DEBUG("Compiled a partition of ", partition_.get_ops_num(), " ops for ", c.inputs.size(), " inputs; outputs: ",
+                describe_layouts(c.outputs));
   } catch (const dnnl::error& e) {
     GRAPH_DEBUG("oneDNN could not compile the partition (", e.what(), "); running it unfused:\n", *subgraph_);
     c.fallback = true;
