@@ -59,17 +59,25 @@ def test_channels_last_traced():
     assert len(fused.groups) >= 2
 
 
-def test_other_dtype_than_traced_falls_back():
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
-    fused = check(model, torch.randn(2, 8), groups=[["linear", "relu"]])
-    model64 = model.double()
-    with torch.no_grad():
-        module64 = torch.jit.freeze(torch.jit.trace(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval().double(),
-                                                    torch.randn(2, 8, dtype=torch.float64)))
-    # float64 is not mapped: nothing fuses, results stay exact.
-    f64 = check(model64, torch.randn(2, 8, dtype=torch.float64), groups=[])
+def test_called_with_another_dtype_than_traced_falls_back():
+    def f(a, b):
+        return torch.relu(torch.matmul(a, b))
+
+    a, b = torch.randn(4, 8, 16), torch.randn(4, 16, 8)
+    fused = check(f, a, b, groups=[["matmul", "relu"]])
+    before = torch_llga.stats()["guard_failures"]
+    a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    for _ in range(3):
+        out = fused(a16, b16)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, f(a16, b16))
+    assert torch_llga.stats()["guard_failures"] > before  # the fp32 group did not run on bf16
+
+
+def test_float64_is_not_mapped():
+    f64 = check(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).double(), torch.randn(2, 8, dtype=torch.float64),
+                groups=[])
     assert f64.unfused == ["linear", "relu"]
-    del module64, fused
 
 
 def test_int_tensors_are_left_alone():

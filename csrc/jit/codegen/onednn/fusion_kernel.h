@@ -46,6 +46,7 @@ class FusionKernel {
   std::vector<size_t> in_port_id_;
   std::vector<size_t> out_port_id_;
   std::vector<size_t> output_port_;      // group output -> output port
+  std::vector<size_t> port_output_;      // output port -> group output
   std::vector<bool> opaque_output_;     // group output -> may stay in oneDNN's layout
   std::vector<bool> opaque_port_;       // the same, per output port
   std::vector<std::vector<int64_t>> out_sizes_, out_strides_;

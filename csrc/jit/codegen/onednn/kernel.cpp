@@ -95,6 +95,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     auto it = output_of_id.find(lt.get_id());
     if (it == output_of_id.end()) { whole_fallback_ = true; return; }
     output_port_[it->second] = out_port_id_.size();
+    port_output_.push_back(it->second);
     out_port_id_.push_back(lt.get_id());
   }
   for (size_t j = 0; j < output_port_.size(); ++j)
@@ -102,8 +103,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
 
   // Outputs PyTorch reads get the profiled strides (eager's memory format) when dense, else contiguous.
   for (size_t p = 0; p < out_port_id_.size(); ++p) {
-    size_t j = 0;
-    while (output_port_[j] != p) ++j;
+    size_t j = port_output_[p];
     auto t = subgraph_->outputs()[j]->type()->expect<TensorType>();
     auto sizes = *t->sizes().concrete_sizes();
     auto strides = *t->strides().concrete_sizes();
@@ -135,15 +135,14 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
   }
   std::vector<logical_tensor> outputs;
   for (size_t p = 0; p < out_port_id_.size(); ++p) {
-    size_t j = 0;
-    while (output_port_[j] != p) ++j;
+    size_t j = port_output_[p];
     auto dtype = *to_dnnl_dtype(out_dtypes_[p]);
     outputs.push_back(opaque_output_[j]
                           ? logical_tensor(out_port_id_[p], dtype, out_sizes_[p], logical_tensor::layout_type::any)
                           : logical_tensor(out_port_id_[p], dtype, out_sizes_[p], out_strides_[p]));
   }
   try {
-    runtime::stats().compilations++;
+    runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
     c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
     for (size_t p = 0; p < out_port_id_.size(); ++p) c.outputs.push_back(c.partition.query_logical_tensor(out_port_id_[p]));
     GRAPH_DEBUG("Compiled a partition of ", partition_.get_ops_num(), " ops for ", c.inputs.size(), " inputs; outputs: ",
@@ -175,7 +174,7 @@ std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const std::ve
 }
 
 void FusionKernel::run_fallback(Stack& stack, std::vector<at::Tensor>& inputs) {
-  runtime::stats().kernel_fallbacks++;
+  runtime::stats().kernel_fallbacks.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(cache_mutex_);
     if (!fallback_code_) fallback_code_ = std::make_unique<torch::jit::Code>(subgraph_->copy(), "llga_fallback");
@@ -215,7 +214,7 @@ void FusionKernel::run(Stack& stack) {
     std::lock_guard<std::mutex> lock(c.execute_mutex);
     c.partition.execute(runtime::stream(), in_tensors, out_tensors);
   }
-  runtime::stats().executions++;
+  runtime::stats().executions.fetch_add(1, std::memory_order_relaxed);
   torch::jit::drop(stack, num_inputs_);
   for (size_t j = 0; j < output_port_.size(); ++j) stack.emplace_back(outs[output_port_[j]]);
 }
@@ -242,7 +241,7 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i]);
     if (!ok) {
-      runtime::stats().guard_failures++;
+      runtime::stats().guard_failures.fetch_add(1, std::memory_order_relaxed);
       // The fallback runs PyTorch ops: no LLGA tensor may reach them.
       for (size_t i = 0; i < n; ++i) stack[stack.size() - n + i] = llga_to_dense(stack[stack.size() - n + i].toTensor());
     }

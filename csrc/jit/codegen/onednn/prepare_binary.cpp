@@ -89,7 +89,7 @@ void prepare(Block* block) {
     if (auto c = torch::jit::toIValue(y); c && c->isTensor() && c->toTensor().dim() == 0 &&
                                             c->toTensor().is_floating_point()) {  // 0-dim constant
       double v = c->toTensor().item<double>() * alpha;
-      n = replace_with_tensor_op(n, x, tensor_constant(n, v, x));
+      replace_with_tensor_op(n, x, tensor_constant(n, v, x));
       continue;
     }
     if (alpha != 1 && y->type()->cast<TensorType>()->scalarType() == x->type()->expect<TensorType>()->scalarType()) {

@@ -23,7 +23,6 @@ TensorTypePtr contiguous_type(const TensorTypePtr& like, const std::vector<int64
 }
 
 TensorTypePtr infer(const Node* n) {
-  static const auto kMm = c10::aten::mm;
   const OpEntry* e = find_entry(n);
   bool elementwise_binary = n->kind() == c10::aten::mul || n->kind() == c10::aten::add ||
                             n->kind() == c10::aten::sub || n->kind() == c10::aten::div;
@@ -36,7 +35,7 @@ TensorTypePtr infer(const Node* n) {
     auto sizes = at::infer_size(*a->sizes().concrete_sizes(), *b->sizes().concrete_sizes());
     return contiguous_type(a, sizes);
   }
-  if (n->kind() == kMm) {
+  if (n->kind() == c10::aten::mm) {
     auto a = complete(n->input(0)), b = complete(n->input(1));
     if (!a || !b) return nullptr;
     return contiguous_type(a, {a->sizes().concrete_sizes()->at(0), b->sizes().concrete_sizes()->at(1)});
