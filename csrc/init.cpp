@@ -10,6 +10,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
   m.def("_set_fuse_all_partitions", &llga::runtime::set_fuse_all_partitions);
+  m.def("_set_shape_policy", [](bool compile) {
+    llga::runtime::set_shape_policy(compile ? llga::runtime::ShapePolicy::kCompile : llga::runtime::ShapePolicy::kFallback);
+  });
+  m.def("_shape_policy_is_compile", [] { return llga::runtime::shape_policy() == llga::runtime::ShapePolicy::kCompile; });
+  m.def("_set_cache_capacity", &llga::runtime::set_cache_capacity);
+  m.def("_cache_capacity", &llga::runtime::cache_capacity);
   m.def("_constant_cache_enabled", [] { return dnnl::graph::get_constant_tensor_cache() != 0; });
   m.def("_stats", [] {
     auto& s = llga::runtime::stats();
@@ -18,6 +24,9 @@ PYBIND11_MODULE(_C, m) {
     d["compilations"] = s.compilations.load();
     d["guard_failures"] = s.guard_failures.load();
     d["kernel_fallbacks"] = s.kernel_fallbacks.load();
+    d["nonfinite_fallbacks"] = s.nonfinite_fallbacks.load();
+    d["evictions"] = s.evictions.load();
+    d["cached_partitions"] = s.cached_partitions.load();
     return d;
   });
   m.def("_onednn_version", [] {

@@ -15,7 +15,8 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C
 
-__all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version"]
+__all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "set_shape_policy", "shape_policy",
+           "set_cache_capacity", "cache_capacity"]
 
 
 def enable():
@@ -44,9 +45,40 @@ def enabled(on=True):
         _C._set_enabled(previous)
 
 
+def set_shape_policy(policy):
+    """What a fusion group does with input sizes it was not profiled with (same rank, dtype, device):
+    "compile" (default) compiles a partition for them and caches it; "fallback" runs the group's ops
+    unfused in PyTorch. Groups holding an op mapped for the profiled sizes only (a reshape to fixed
+    sizes, say) always fall back. Takes effect on the next call; no retracing needed."""
+    if policy not in ("compile", "fallback"):
+        raise ValueError(f'shape policy must be "compile" or "fallback", not {policy!r}')
+    _C._set_shape_policy(policy == "compile")
+
+
+def shape_policy():
+    return "compile" if _C._shape_policy_is_compile() else "fallback"
+
+
+def set_cache_capacity(n):
+    """Compiled partitions each fusion group keeps (one per input shape and layout); the least
+    recently used is dropped when a new one needs room. Default 16."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"cache capacity must be an int >= 1, not {n!r}")
+    _C._set_cache_capacity(n)
+
+
+def cache_capacity():
+    return _C._cache_capacity()
+
+
 def stats():
-    """Process-wide counters: fused executions, partition compilations, guard failures (calls whose
-    inputs differed from the profile and ran unfused) and kernel fallbacks (oneDNN could not compile)."""
+    """Process-wide counters:
+    executions: fused partition executions; compilations: partitions compiled;
+    guard_failures: calls that ran a group unfused because its inputs differed from what it was
+    built for (sizes, dtype, device, grad) or held NaN/Inf (also counted in nonfinite_fallbacks);
+    kernel_fallbacks: calls run unfused because oneDNN could not compile the partition;
+    evictions: compiled partitions dropped from a full cache; cached_partitions: compiled partitions
+    alive now (they go with their module)."""
     return dict(_C._stats())
 
 

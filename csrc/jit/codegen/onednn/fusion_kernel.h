@@ -25,8 +25,11 @@ class FusionKernel {
 
   // One compilation: for inputs with exactly these layouts.
   struct Compiled {
+    Compiled();
+    ~Compiled();
     std::vector<int64_t> key;  // per input port: dtype, layout id or -1, ndim, sizes, strides
     std::vector<dnnl::graph::logical_tensor> inputs, outputs;  // as compiled / as queried
+    std::vector<std::vector<int64_t>> out_sizes, out_strides;  // per output port, for PyTorch-read outputs
     dnnl::graph::compiled_partition partition;
     bool fallback = false;  // oneDNN could not compile this: run the unfused subgraph
     std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
@@ -44,6 +47,7 @@ class FusionKernel {
   std::vector<size_t> in_port_input_;    // input port -> group input index (kConstantPort: a weight)
   std::vector<at::Tensor> in_port_constant_;  // input port -> the frozen constant it reads
   std::vector<size_t> in_port_id_;
+  std::vector<std::vector<int64_t>> in_port_sizes_;  // as profiled
   std::vector<size_t> out_port_id_;
   std::vector<size_t> output_port_;      // group output -> output port
   std::vector<size_t> port_output_;      // output port -> group output

@@ -45,10 +45,10 @@ void tensor_reads(Node* n, std::vector<Value*>& out) {
   }
 }
 
-std::vector<logical_tensor> lts(const std::vector<Value*>& values) {
+std::vector<logical_tensor> lts(const std::vector<Value*>& values, bool ranks_only) {
   std::vector<logical_tensor> r;
   r.reserve(values.size());
-  for (const Value* v : values) r.push_back(value_lt(v));
+  for (const Value* v : values) r.push_back(value_lt(v, ranks_only));
   return r;
 }
 
@@ -63,10 +63,12 @@ std::vector<Value*> tensor_outputs(Node* n) {
 
 bool is_constant(const Value* v) { return v->node()->kind() == c10::prim::Constant; }
 
-logical_tensor value_lt(const Value* v) {
+logical_tensor value_lt(const Value* v, bool ranks_only) {
   auto t = v->type()->cast<TensorType>();
   auto prop = is_constant(v) ? logical_tensor::property_type::constant : logical_tensor::property_type::variable;
   auto dtype = t ? wildcard_dtype(*t) : logical_tensor::data_type::undef;
+  if (t && ranks_only && !is_constant(v) && t->dim())
+    return logical_tensor(v->unique(), dtype, static_cast<int32_t>(*t->dim()), logical_tensor::layout_type::undef, prop);
   if (t) {
     auto sizes = t->sizes().concrete_sizes();
     auto strides = t->strides().concrete_sizes();
@@ -107,7 +109,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
     tensor_reads(n, reads);
     auto outs = tensor_outputs(n);
     if (reads.empty() && outs.empty()) return;
-    g.add_op(op(next_id++, op::kind::Wildcard, lts(reads), lts(outs), n->kind().toQualString()));
+    g.add_op(op(next_id++, op::kind::Wildcard, lts(reads, opts.ranks_only), lts(outs, opts.ranks_only), n->kind().toQualString()));
   };
 
   for (Node* n : block->nodes()) {
@@ -117,7 +119,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
       add_wildcard(n);
       continue;
     }
-    op o(next_id, spec->kind, lts(spec->inputs), lts(tensor_outputs(n)), n->kind().toUnqualString());
+    op o(next_id, spec->kind, lts(spec->inputs, opts.ranks_only), lts(tensor_outputs(n), opts.ranks_only), n->kind().toUnqualString());
     for (auto& [name, value] : spec->attrs) std::visit([&](const auto& v) { o.set_attr(name, v); }, value);
     try {
       g.add_op(o);  // oneDNN validates the op here: a rejected op stays in PyTorch
@@ -128,7 +130,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
     }
   }
   for (Value* v : block->outputs())
-    if (is_tensor(v)) g.add_op(op(next_id++, op::kind::End, lts({v}), {}, "end"));
+    if (is_tensor(v)) g.add_op(op(next_id++, op::kind::End, lts({v}, opts.ranks_only), {}, "end"));
 
   g.finalize();
   built.partitions = g.get_partitions(dnnl::graph::partition::policy::fusion);

@@ -31,12 +31,15 @@ struct BuiltGraph {
 struct BuildOptions {
   // Nodes that may be mapped at all (the fuser excludes nodes whose tensors are mutated).
   std::function<bool(const Node*)> may_map = [](const Node*) { return true; };
+  // Give non-constant values their rank only, no sizes: the kernel's partition can then be compiled
+  // for any input sizes (oneDNN infers the rest at compile time).
+  bool ranks_only = false;
 };
 
 BuiltGraph build_graph(Block* block, const BuildOptions& opts);
 
 // The logical tensor of a JIT value as profiled: its id is the value's unique() number.
-dnnl::graph::logical_tensor value_lt(const Value* v);
+dnnl::graph::logical_tensor value_lt(const Value* v, bool ranks_only = false);
 
 bool is_constant(const Value* v);
 

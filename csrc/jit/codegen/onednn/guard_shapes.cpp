@@ -1,13 +1,17 @@
 // Each fusion group was built for the profiled sizes, dtypes and devices of its inputs (static
 // shapes in StaticReshape, pooling output sizes, ...). In front of each group goes an llga::Guard
-// that checks them at run time (strides need no fallback: the kernel compiles per stride pattern):
+// that checks them at run time (strides need no fallback: the kernel compiles per stride pattern;
+// nor do other sizes of the same rank, under the "compile" shape policy, for groups whose ops hold
+// for any sizes):
 //
 //   %x.checked, %ok = llga::Guard[types=[Float(1, 3, 224, 224, strides=...)]](%x)
 //   %y = prim::If(%ok)
 //     block0(): %y.1 = llga::FusionGroup(%x.checked, %weight)      -> fused
 //     block1(): %y.2 = prim::FallbackGraph(%x.checked, %weight)    -> the unfused ops, which the
 //                                                                    executor profiles on its own
-// On a mismatch the guard also turns any LLGA (opaque) tensor into a strided one for the fallback.
+// The guard also sends inputs holding NaN or Inf to the fallback (oneDNN's ReLU, Clamp and
+// max-pool turn NaN into numbers; eager propagates it). On a mismatch it turns any LLGA (opaque)
+// tensor into a strided one for the fallback.
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
@@ -22,6 +26,17 @@ using torch::jit::Block;
 
 namespace {
 
+// Whether the group's partition holds for any input sizes of the profiled ranks: no op in it was
+// mapped for the profiled sizes only.
+bool shape_free(const Node* group) {
+  for (const Node* n : group->g(c10::attr::Subgraph)->nodes()) {
+    if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct) continue;
+    auto spec = map_node(n);
+    if (!spec || spec->shape_specific) return false;
+  }
+  return true;
+}
+
 void insert_guard(Node* group) {
   Graph* g = group->owningGraph();
   std::vector<Value*> checked;
@@ -34,6 +49,7 @@ void insert_guard(Node* group) {
 
   Node* guard = g->create(kGuard, checked, checked.size() + 1)->insertBefore(group);
   guard->tys_(c10::attr::types, types);
+  guard->i_(kShapeFree, shape_free(group));
   std::unordered_map<Value*, Value*> checked_value;
   for (size_t i = 0; i < checked.size(); ++i) {
     guard->output(i)->setType(checked[i]->type());

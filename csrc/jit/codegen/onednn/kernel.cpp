@@ -20,8 +20,6 @@ using torch::jit::TensorType;
 
 namespace {
 
-constexpr size_t kCacheCapacity = 16;  // compilations kept per group
-
 void* data_of(const at::Tensor& t) {
   return is_llga_tensor(t) ? llga_impl(t).data() : const_cast<void*>(t.const_data_ptr());
 }
@@ -62,13 +60,24 @@ std::string describe_layouts(const std::vector<logical_tensor>& lts) {
 
 }  // namespace
 
+FusionKernel::Compiled::Compiled() { runtime::stats().cached_partitions.fetch_add(1, std::memory_order_relaxed); }
+FusionKernel::Compiled::~Compiled() { runtime::stats().cached_partitions.fetch_sub(1, std::memory_order_relaxed); }
+
 FusionKernel::FusionKernel(const torch::jit::Node* node)
     : subgraph_(node->g(c10::attr::Subgraph)), num_inputs_(node->inputs().size()) {
   auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
   for (size_t j = 0; j < node->outputs().size(); ++j) opaque_output_.push_back(j < opaque.size() && opaque[j]);
 
-  auto built = build_graph(subgraph_->block(), BuildOptions{});
+  // A partition built from ranks alone compiles for any input sizes; if oneDNN partitions that
+  // differently, the profiled sizes are used (and other sizes run unfused).
+  BuildOptions ranks_only;
+  ranks_only.ranks_only = true;
+  auto built = build_graph(subgraph_->block(), ranks_only);
   const dnnl::graph::partition* partition = built.single_partition();
+  if (!partition) {
+    built = build_graph(subgraph_->block(), BuildOptions{});
+    partition = built.single_partition();
+  }
   if (!partition) {
     whole_fallback_ = true;
     return;
@@ -89,6 +98,8 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     in_port_input_.push_back(in != input_of_id.end() ? in->second : kConstantPort);
     in_port_constant_.push_back(in != input_of_id.end() ? at::Tensor() : constant->second);
     in_port_id_.push_back(lt.get_id());
+    in_port_sizes_.push_back(in != input_of_id.end() ? *subgraph_->inputs()[in->second]->type()->expect<TensorType>()->sizes().concrete_sizes()
+                                                      : constant->second.sizes().vec());
   }
   output_port_.assign(subgraph_->outputs().size(), SIZE_MAX);
   for (const auto& lt : partition_.get_output_ports()) {
@@ -133,18 +144,28 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
       c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), t.sizes().vec(), t.strides().vec(), prop);
     }
   }
+  // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
+  // oneDNN infers them, and outputs PyTorch reads come back contiguous.
+  bool profiled_sizes = true;
+  for (size_t p = 0; p < c.inputs.size(); ++p) profiled_sizes = profiled_sizes && c.inputs[p].get_dims() == in_port_sizes_[p];
   std::vector<logical_tensor> outputs;
   for (size_t p = 0; p < out_port_id_.size(); ++p) {
     size_t j = port_output_[p];
     auto dtype = *to_dnnl_dtype(out_dtypes_[p]);
-    outputs.push_back(opaque_output_[j]
-                          ? logical_tensor(out_port_id_[p], dtype, out_sizes_[p], logical_tensor::layout_type::any)
-                          : logical_tensor(out_port_id_[p], dtype, out_sizes_[p], out_strides_[p]));
+    auto sizes = profiled_sizes ? out_sizes_[p] : std::vector<int64_t>(out_sizes_[p].size(), DNNL_GRAPH_UNKNOWN_DIM);
+    outputs.push_back(opaque_output_[j]       ? logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::any)
+                      : profiled_sizes ? logical_tensor(out_port_id_[p], dtype, sizes, out_strides_[p])
+                                              : logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::strided));
   }
   try {
     runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
     c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
-    for (size_t p = 0; p < out_port_id_.size(); ++p) c.outputs.push_back(c.partition.query_logical_tensor(out_port_id_[p]));
+    for (size_t p = 0; p < out_port_id_.size(); ++p) {
+      c.outputs.push_back(c.partition.query_logical_tensor(out_port_id_[p]));
+      c.out_sizes.push_back(c.outputs[p].get_dims());
+      c.out_strides.push_back(c.outputs[p].get_layout_type() == logical_tensor::layout_type::strided
+                                  ? c.outputs[p].get_strides() : std::vector<int64_t>{});
+    }
     GRAPH_DEBUG("Compiled a partition of ", partition_.get_ops_num(), " ops for ", c.inputs.size(), " inputs; outputs: ",
                 describe_layouts(c.outputs));
   } catch (const dnnl::error& e) {
@@ -165,7 +186,10 @@ std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const std::ve
       return cache_.front();
     }
   }
-  if (cache_.size() >= kCacheCapacity) cache_.pop_back();
+  while (!cache_.empty() && static_cast<int64_t>(cache_.size()) >= std::max<int64_t>(runtime::cache_capacity(), 1)) {
+    cache_.pop_back();
+    runtime::stats().evictions.fetch_add(1, std::memory_order_relaxed);
+  }
   auto c = std::make_shared<Compiled>();
   c->key = std::move(key);
   compile(*c, inputs);
@@ -206,7 +230,7 @@ void FusionKernel::run(Stack& stack) {
     // An output only groups read is an LLGA tensor whatever layout oneDNN chose (blocked, or a
     // strided one such as NHWC): the next group reads its layout from it, and guards accept it.
     at::Tensor t = opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
-                                   : at::empty_strided(out_sizes_[p], lt.get_strides(), at::TensorOptions().dtype(out_dtypes_[p]));
+                                   : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p]));
     out_tensors.emplace_back(lt, runtime::engine(), data_of(t));
     outs.push_back(std::move(t));
   }
@@ -226,20 +250,51 @@ namespace {
 // that: the kernel compiles for the actual strides (or LLGA layout) and caches per stride pattern,
 // so a channels_last or sliced input runs fused and correct. (The profile's strides are also lossy:
 // it canonicalizes strides around size-1 dims, so comparing against them rejects valid inputs.)
-bool matches(const at::Tensor& t, const TensorType& expected) {
+// Under the "compile" shape policy a shape-free group takes any non-empty sizes of the profiled rank.
+bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
   if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
+  if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
   return t.sizes() == *expected.sizes().concrete_sizes();
+}
+
+// No NaN or Inf in t. oneDNN's ReLU, Clamp and max-pool turn NaN into numbers (eager keeps it), so
+// such inputs run unfused. LLGA tensors come from groups whose own inputs passed this check.
+// Dense tensors are scanned in memory order (the order does not matter for "any").
+bool all_finite(const at::Tensor& t) {
+  if (is_llga_tensor(t)) return true;
+  if (t.is_non_overlapping_and_dense()) {
+    int64_t n = t.numel();
+    if (t.scalar_type() == at::kFloat) {
+      const auto* bits = static_cast<const uint32_t*>(t.const_data_ptr());
+      uint32_t bad = 0;
+      for (int64_t i = 0; i < n; ++i) bad |= (~bits[i] & 0x7f800000u) == 0;  // exponent all ones
+      return !bad;
+    }
+    if (t.scalar_type() == at::kBFloat16) {
+      const auto* bits = static_cast<const uint16_t*>(t.const_data_ptr());
+      uint32_t bad = 0;
+      for (int64_t i = 0; i < n; ++i) bad |= (~bits[i] & 0x7f80u) == 0;
+      return !bad;
+    }
+  }
+  return at::isfinite(t).all().item<bool>();
 }
 
 torch::jit::Operation make_guard(const torch::jit::Node* node) {
   std::vector<torch::jit::TensorTypePtr> expected;
   for (const auto& type : node->tys(c10::attr::types)) expected.push_back(type->expect<TensorType>());
-  return [expected](Stack& stack) {
+  bool shape_free = node->hasAttribute(kShapeFree) && node->i(kShapeFree);
+  return [expected, shape_free](Stack& stack) {
     size_t n = expected.size();
     auto inputs = torch::jit::last(stack, n);
+    bool any_sizes = shape_free && runtime::shape_policy() == runtime::ShapePolicy::kCompile;
     bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i]);
+    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes);
+    if (ok) {
+      for (size_t i = 0; i < n && ok; ++i) ok = all_finite(inputs[i].toTensor());
+      if (!ok) runtime::stats().nonfinite_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    }
     if (!ok) {
       runtime::stats().guard_failures.fetch_add(1, std::memory_order_relaxed);
       // The fallback runs PyTorch ops: no LLGA tensor may reach them.

@@ -185,6 +185,7 @@ bool layer_norm(const Node* n, OpSpec& s) {
   if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;
   s.in(n->input(0));
   if (affine) s.in(n->input(2)).in(n->input(3));
+  s.shape_specific = !affine;  // PyTorch checks the input against normalized_shape; without weights oneDNN would not
   s.attr(A::begin_norm_axis, int64_t{-1}).attr(A::use_affine, affine).attr(A::keep_stats, false)
       .attr(A::epsilon, static_cast<float>(*eps));
   return true;
@@ -209,6 +210,7 @@ bool max_pool2d(const Node* n, OpSpec& s) {
   if (st && st->empty()) st = k;
   st = spatial(st, 2);
   if (!k || !st || !pad || !dil || !ceil || !pool_shape_matches(n, *k, *st, *pad, *dil, *ceil)) return false;
+  s.shape_specific = *ceil;  // ceil_mode output sizes agree with PyTorch's only where checked
   s.in(n->input(0)).attr(A::kernel, *k).attr(A::strides, *st).attr(A::pads_begin, *pad).attr(A::pads_end, *pad)
       .attr(A::dilations, *dil).attr(A::rounding_type, std::string(*ceil ? "ceil" : "floor"))
       .attr(A::data_format, std::string("NCX"));
@@ -275,6 +277,7 @@ bool reshape(const Node* n, OpSpec& s) {  // view/reshape/flatten: the profiled 
   Ints out = sizes(n->output());
   if (out.empty()) return false;
   s.in(n->input(0)).attr(A::shape, out).attr(A::special_zero, false);
+  s.shape_specific = true;
   return true;
 }
 

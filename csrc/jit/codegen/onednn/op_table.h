@@ -24,6 +24,9 @@ struct OpSpec {
   op::kind kind = op::kind::Wildcard;
   std::vector<Value*> inputs;
   std::vector<std::pair<op::attr, AttrValue>> attrs;
+  // The op holds only for the profiled sizes (a reshape to them, say): its group cannot be
+  // recompiled for other input sizes, so a new shape takes the unfused fallback.
+  bool shape_specific = false;
 
   OpSpec& in(Value* v) { inputs.push_back(v); return *this; }
   template <typename T>

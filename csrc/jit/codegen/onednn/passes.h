@@ -16,6 +16,8 @@ inline const c10::Symbol kFusionGroup = c10::Symbol::fromQualString("llga::Fusio
 inline const c10::Symbol kGuard = c10::Symbol::fromQualString("llga::Guard");
 // Attributes of a fusion group node.
 inline const c10::Symbol kOpaqueOutputs = c10::Symbol::attr("opaque_outputs");    // ints: 1 = may stay opaque
+// Attribute of a guard: its group may be compiled for other input sizes of the same ranks.
+inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm -> mapped ops

@@ -19,12 +19,26 @@ void set_enabled(bool on);
 bool fuse_all_partitions();
 void set_fuse_all_partitions(bool on);
 
+// What a group does with input sizes other than the profiled ones: compile a partition for them
+// (kept in the group's cache) or run the group's unfused fallback. Groups holding a shape-specific
+// op (a reshape to the profiled sizes, say) always fall back.
+enum class ShapePolicy { kCompile, kFallback };
+ShapePolicy shape_policy();
+void set_shape_policy(ShapePolicy p);
+
+// Compiled partitions each group keeps (one per input layout/shape), least recently used evicted first.
+int64_t cache_capacity();
+void set_cache_capacity(int64_t n);
+
 // Counters of what the kernels and guards did, process-wide (torch_llga.stats()).
 struct Stats {
   std::atomic<int64_t> executions{0};     // fused partition executions
   std::atomic<int64_t> compilations{0};   // partitions compiled (one per group and input layout)
   std::atomic<int64_t> guard_failures{0}; // calls that took the unfused fallback: inputs differed from the profile
   std::atomic<int64_t> kernel_fallbacks{0};  // calls a kernel ran unfused because oneDNN could not compile
+  std::atomic<int64_t> nonfinite_fallbacks{0};  // guard failures because an input held NaN or Inf
+  std::atomic<int64_t> evictions{0};          // compiled partitions dropped by a full cache
+  std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
 };
 Stats& stats();
 

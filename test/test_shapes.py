@@ -1,0 +1,160 @@
+"""Inputs of sizes the module was not profiled with: compiled and cached, or run unfused, by the
+shape policy; the compiled-partition cache is bounded (least recently used evicted)."""
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_llga
+
+from conftest import FP32, check
+
+
+@pytest.fixture(autouse=True)
+def restore_settings():
+    policy, capacity = torch_llga.shape_policy(), torch_llga.cache_capacity()
+    yield
+    torch_llga.set_shape_policy(policy)
+    torch_llga.set_cache_capacity(capacity)
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x) + x)
+        return self.fc(x.mean((2, 3)))
+
+
+class Attention(nn.Module):
+    """Single-head attention over [batch, length, 32]: sizes change along batch and length."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        scores = torch.matmul(self.q(x), self.k(x).transpose(1, 2)) / 32 ** 0.5
+        return self.norm(torch.matmul(scores.softmax(-1), self.v(x)) + x)
+
+
+def delta(before, after, key):
+    return after[key] - before[key]
+
+
+def calls_match_eager(model, fused, inputs):
+    """Calls fused on each input (twice) and compares with eager; returns the stats delta."""
+    before = torch_llga.stats()
+    with torch.no_grad():
+        for x in inputs:
+            expected = model(x)
+            for _ in range(2):
+                torch.testing.assert_close(fused(x), expected, **FP32)
+    return before, torch_llga.stats()
+
+
+def test_new_sizes_are_compiled_and_run_fused():
+    model = ConvNet().eval()
+    fused = check(model, torch.randn(1, 3, 16, 16))
+    shapes = [(2, 3, 16, 16), (1, 3, 24, 20), (1, 3, 16, 16), (3, 3, 9, 31)]
+    before, after = calls_match_eager(model, fused, [torch.randn(*s) for s in shapes])
+    assert delta(before, after, "guard_failures") == 0
+    assert delta(before, after, "kernel_fallbacks") == 0
+    assert delta(before, after, "executions") == 2 * len(shapes) * len(fused.groups)
+    # Each conv group compiles the three new sizes; the linear group sees [batch, 8]: two new.
+    assert fused.groups == [["_convolution", "relu"], ["_convolution", "add", "relu"], ["linear"]]
+    assert delta(before, after, "compilations") == 3 + 3 + 2
+
+
+def test_fallback_policy_runs_new_sizes_unfused():
+    torch_llga.set_shape_policy("fallback")
+    model = ConvNet().eval()
+    fused = check(model, torch.randn(1, 3, 16, 16))
+    before, after = calls_match_eager(model, fused, [torch.randn(2, 3, 16, 16), torch.randn(1, 3, 24, 20)])
+    assert delta(before, after, "guard_failures") > 0
+    assert delta(before, after, "compilations") == 0
+
+
+def test_shape_specific_group_falls_back():
+    # A reshape to the profiled sizes holds for them only: new sizes take the fallback, still correct.
+    # (Traced, the reshape's target sizes are constants: eager TorchScript keeps them too.)
+    def heads(a, b):
+        return torch.matmul(a, b).transpose(1, 2).reshape(1, 16, 64)
+
+    a, b = torch.randn(1, 4, 16, 16), torch.randn(1, 4, 16, 16)
+    fused = check(heads, a, b, groups=[["matmul", "transpose", "reshape"]])
+    before = torch_llga.stats()
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(fused(a, b[:, :, :, :8].contiguous().repeat(1, 1, 1, 2)),
+                                       heads(a, b[:, :, :, :8].repeat(1, 1, 1, 2)), **FP32)  # same sizes: fused
+            b2 = torch.randn(1, 2, 16, 32)
+            torch.testing.assert_close(fused(a[:, :2], b2), heads(a[:, :2], b2), **FP32)  # new sizes: unfused
+    after = torch_llga.stats()
+    assert delta(before, after, "guard_failures") == 2  # the two calls with new sizes
+    assert delta(before, after, "executions") == 2
+    assert delta(before, after, "kernel_fallbacks") == 0
+
+
+@pytest.mark.parametrize("capacity", [64, 8])
+def test_fifty_sizes_in_random_order(capacity):
+    """50 batch sizes and sequence lengths, shuffled, twice over: every result equals eager; the
+    cache keeps at most `capacity` compilations per group and evicts the least recently used."""
+    torch_llga.set_cache_capacity(capacity)
+    rng = random.Random(capacity)
+    model = Attention().eval()
+    x = torch.randn(2, 16, 32)
+    fused = check(model, x, rtol=1e-4, atol=1e-4)
+    assert fused.groups and ["softmax"] in fused.groups, fused.groups
+    shapes = [(rng.randint(1, 4), rng.randint(1, 48)) for _ in range(50)]
+    shapes = list(dict.fromkeys(s for s in shapes if s != (2, 16)))  # distinct, not the profiled one
+    order = shapes + shapes
+    rng.shuffle(order)
+    cached = torch_llga.stats()["cached_partitions"]
+    before = torch_llga.stats()
+    with torch.no_grad():
+        for b, n in order:
+            x = torch.randn(b, n, 32)
+            # Softmax over up to 48 keys and a LayerNorm: fp32 reassociation, a few ulps of 1.
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-4, atol=1e-4)
+    after = torch_llga.stats()
+    groups = len(fused.groups)
+    assert delta(before, after, "guard_failures") == 0 and delta(before, after, "kernel_fallbacks") == 0
+    assert delta(before, after, "executions") == len(order) * groups
+    assert after["cached_partitions"] - cached <= (capacity - 1) * groups  # one was there already
+    if capacity >= len(shapes) + 1:
+        assert delta(before, after, "compilations") == len(shapes) * groups
+        assert delta(before, after, "evictions") == 0
+    else:
+        assert delta(before, after, "evictions") > 0
+
+
+def test_zero_size_and_other_rank_fall_back():
+    model = ConvNet().eval()
+    fused = check(model, torch.randn(1, 3, 16, 16))
+    before, after = calls_match_eager(model, fused, [torch.randn(0, 3, 16, 16)])
+    assert delta(before, after, "guard_failures") > 0 and delta(before, after, "compilations") == 0
+
+    mlp = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()
+    fused = check(mlp, torch.randn(4, 16), groups=[["linear", "relu"]])
+    before, after = calls_match_eager(mlp, fused, [torch.randn(16), torch.randn(2, 4, 16)])  # ranks 1 and 3
+    assert delta(before, after, "guard_failures") > 0 and delta(before, after, "compilations") == 0
+
+
+def test_settings_reject_bad_values():
+    with pytest.raises(ValueError, match="compile"):
+        torch_llga.set_shape_policy("dynamic")
+    with pytest.raises(ValueError, match=">= 1"):
+        torch_llga.set_cache_capacity(0)
+    torch_llga.set_shape_policy("fallback")
+    assert torch_llga.shape_policy() == "fallback"
+    torch_llga.set_cache_capacity(3)
+    assert torch_llga.cache_capacity() == 3
