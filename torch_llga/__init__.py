@@ -16,7 +16,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 from . import _C
 
 __all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "set_shape_policy", "shape_policy",
-           "set_cache_capacity", "cache_capacity"]
+           "set_cache_capacity", "cache_capacity", "release"]
 
 
 def enable():
@@ -69,6 +69,25 @@ def set_cache_capacity(n):
 
 def cache_capacity():
     return _C._cache_capacity()
+
+
+def release(module=None):
+    """Frees the compiled oneDNN partitions (and oneDNN's reordered copies of the weights) of a
+    module's fusion groups, or of every module when none is given; returns how many were freed.
+    The module still works: its next call compiles again.
+
+    Why this exists: PyTorch keeps the code of every traced or frozen module (its graph, frozen
+    weights and executor, and so our compiled partitions) in its global compilation unit until
+    the process exits, even after the module is deleted. Call this before dropping a module."""
+    if module is None:
+        return _C._release_all()
+    if not isinstance(module, torch.jit.ScriptModule):
+        raise TypeError(f"release() takes a TorchScript module (torch.jit.trace/script/freeze), not {type(module).__name__}")
+    try:
+        state = module.get_debug_state()
+    except RuntimeError:  # never optimized (called fewer than twice): nothing compiled
+        return 0
+    return sum(_C._release(plan.graph) for plan in state.execution_plans.values())
 
 
 def stats():

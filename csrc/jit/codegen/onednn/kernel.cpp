@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/strides.h>
+#include <unordered_set>
+#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/runtime/operator.h>
@@ -58,6 +60,10 @@ std::string describe_layouts(const std::vector<logical_tensor>& lts) {
   return s;
 }
 
+// Every live kernel by the subgraph it runs, for release_compiled_partitions.
+std::mutex g_kernels_mutex;
+std::unordered_multimap<int64_t, FusionKernel*> g_kernels;  // by group id
+
 }  // namespace
 
 FusionKernel::Compiled::Compiled() { runtime::stats().cached_partitions.fetch_add(1, std::memory_order_relaxed); }
@@ -65,6 +71,11 @@ FusionKernel::Compiled::~Compiled() { runtime::stats().cached_partitions.fetch_s
 
 FusionKernel::FusionKernel(const torch::jit::Node* node)
     : subgraph_(node->g(c10::attr::Subgraph)), num_inputs_(node->inputs().size()) {
+  {
+    std::lock_guard<std::mutex> lock(g_kernels_mutex);
+    group_id_ = node->hasAttribute(kGroupId) ? node->i(kGroupId) : -1;
+    g_kernels.emplace(group_id_, this);
+  }
   auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
   for (size_t j = 0; j < node->outputs().size(); ++j) opaque_output_.push_back(j < opaque.size() && opaque[j]);
 
@@ -99,7 +110,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     in_port_constant_.push_back(in != input_of_id.end() ? at::Tensor() : constant->second);
     in_port_id_.push_back(lt.get_id());
     in_port_sizes_.push_back(in != input_of_id.end() ? *subgraph_->inputs()[in->second]->type()->expect<TensorType>()->sizes().concrete_sizes()
-                                                      : constant->second.sizes().vec());
+                                                      : lt.get_dims());
   }
   output_port_.assign(subgraph_->outputs().size(), SIZE_MAX);
   for (const auto& lt : partition_.get_output_ports()) {
@@ -130,6 +141,21 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
   }
 }
 
+FusionKernel::~FusionKernel() {
+  std::lock_guard<std::mutex> lock(g_kernels_mutex);
+  auto [first, last] = g_kernels.equal_range(group_id_);
+  for (auto it = first; it != last; ++it)
+    if (it->second == this) {
+      g_kernels.erase(it);
+      break;
+    }
+}
+
+void FusionKernel::release() {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  cache_.clear();  // a call executing one now holds its own reference
+}
+
 void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
   for (size_t p = 0; p < in_port_id_.size(); ++p) {
     bool constant = in_port_input_[p] == kConstantPort;
@@ -141,7 +167,9 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
                              ? logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_layout_id(), prop)
                              : logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_strides(), prop));
     } else {
-      c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), t.sizes().vec(), t.strides().vec(), prop);
+      bool scalar = t.dim() == 0;  // a 0-dim constant: [1] to oneDNN
+      c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), scalar ? std::vector<int64_t>{1} : t.sizes().vec(),
+                            scalar ? std::vector<int64_t>{1} : t.strides().vec(), prop);
     }
   }
   // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
@@ -241,6 +269,35 @@ void FusionKernel::run(Stack& stack) {
   runtime::stats().executions.fetch_add(1, std::memory_order_relaxed);
   torch::jit::drop(stack, num_inputs_);
   for (size_t j = 0; j < output_port_.size(); ++j) stack.emplace_back(outs[output_port_[j]]);
+}
+
+namespace {
+
+void collect_group_ids(const torch::jit::Block* b, std::unordered_set<int64_t>& out) {
+  for (const Node* n : b->nodes()) {
+    for (const auto* inner : n->blocks()) collect_group_ids(inner, out);
+    if (n->kind() == kFusionGroup && n->hasAttribute(kGroupId)) out.insert(n->i(kGroupId));
+    auto fn = n->kind() == c10::prim::Constant ? n->output()->type()->cast<c10::FunctionType>() : nullptr;
+    if (fn) {  // a guard's fallback: the executor may have optimized (and fused) it on its own
+      auto& executor = torch::jit::toGraphFunction(*fn->function()).get_executor();
+      if (executor.isOptimized()) {
+        auto state = executor.getDebugState();
+        for (const auto& [spec, plan] : state.execution_plans) collect_group_ids(plan.graph->block(), out);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t release_compiled_partitions(const torch::jit::Graph* g) {
+  std::unordered_set<int64_t> ids;
+  if (g) collect_group_ids(g->block(), ids);
+  int64_t before = runtime::stats().cached_partitions.load();
+  std::lock_guard<std::mutex> lock(g_kernels_mutex);
+  for (auto& [id, kernel] : g_kernels)
+    if (!g || ids.count(id)) kernel->release();
+  return before - runtime::stats().cached_partitions.load();
 }
 
 namespace {

@@ -384,7 +384,8 @@ bool supported_tensor(const Value* v) {
   if (!to_dnnl_dtype(*t->scalarType())) return false;
   auto s = t->sizes().concrete_sizes();
   auto st = t->strides().concrete_sizes();
-  if (!s || !st || s->empty()) return false;  // 0-dim and unprofiled tensors stay in PyTorch
+  if (!s || !st) return false;  // unprofiled
+  if (s->empty()) return v->node()->kind() == c10::prim::Constant;  // a 0-dim constant is a [1] to oneDNN
   for (auto d : *s)
     if (d == 0) return false;  // empty tensors
   return true;

@@ -16,6 +16,9 @@ inline const c10::Symbol kFusionGroup = c10::Symbol::fromQualString("llga::Fusio
 inline const c10::Symbol kGuard = c10::Symbol::fromQualString("llga::Guard");
 // Attributes of a fusion group node.
 inline const c10::Symbol kOpaqueOutputs = c10::Symbol::attr("opaque_outputs");    // ints: 1 = may stay opaque
+// Attribute of a group: a process-unique id that survives graph copies (the executor runs a copy),
+// so torch_llga.release(module) finds the kernels of a module's groups.
+inline const c10::Symbol kGroupId = c10::Symbol::attr("group_id");
 // Attribute of a guard: its group may be compiled for other input sizes of the same ranks.
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 
