@@ -16,7 +16,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 from . import _C
 
 __all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "set_shape_policy", "shape_policy",
-           "set_cache_capacity", "cache_capacity", "release"]
+           "set_cache_capacity", "cache_capacity", "release", "explain"]
 
 
 def enable():
@@ -88,6 +88,34 @@ def release(module=None):
     except RuntimeError:  # never optimized (called fewer than twice): nothing compiled
         return 0
     return sum(_C._release(plan.graph) for plan in state.execution_plans.values())
+
+
+def explain(module, *inputs, verbose=True):
+    """Fuses `module` for `inputs` and reports what happened: each partition (its ops, input sizes
+    and dtypes), every op left to PyTorch with the reason, guard fallbacks on these inputs, and the
+    share of ops that run fused. Prints the report (unless verbose=False) and returns it.
+
+    An nn.Module is traced and frozen here (in eval mode); a TorchScript module is used as it is."""
+    from .report import Explanation
+
+    if not inputs:
+        raise TypeError("explain(module, *inputs) needs the inputs to run the module with")
+    with torch.no_grad(), enabled():
+        if not isinstance(module, torch.jit.ScriptModule):
+            if not isinstance(module, torch.nn.Module):
+                raise TypeError(f"explain() takes an nn.Module or a TorchScript module, not {type(module).__name__}")
+            module = torch.jit.freeze(torch.jit.trace(module.eval(), inputs))
+        module(*inputs)  # profiling run
+        module(*inputs)  # optimized (fused) run
+        before = stats()
+        module(*inputs)
+        after = stats()
+        graph = torch.jit.last_executed_optimized_graph()
+    report = Explanation(graph, after["guard_failures"] - before["guard_failures"],
+                         after["nonfinite_fallbacks"] - before["nonfinite_fallbacks"])
+    if verbose:
+        print(report)
+    return report
 
 
 def stats():

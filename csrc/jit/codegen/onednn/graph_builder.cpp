@@ -128,6 +128,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
       built.op_nodes[next_id++] = n;
     } catch (const dnnl::error& e) {
       GRAPH_DEBUG("oneDNN rejected ", n->kind().toQualString(), " (", e.what(), "): left to PyTorch");
+      built.rejected[n] = e.what();
       add_wildcard(n);
     }
   }

@@ -438,6 +438,27 @@ std::optional<OpSpec> map_node(const Node* n) {
   return spec;
 }
 
+std::string unmapped_reason(const Node* n) {
+  const OpEntry* e = find_entry(n);
+  if (!e) return table_has_kind(n->kind()) ? "no oneDNN mapping for this overload" : "no oneDNN mapping";
+  if (n->outputs().size() != 1) return "more than one output";
+  std::vector<const Value*> tensors{n->output()};
+  for (const Value* v : n->inputs())
+    if (is_tensor(v)) tensors.push_back(v);
+  for (const Value* v : tensors) {
+    auto t = v->type()->expect<TensorType>();
+    if (!t->device() || !t->scalarType() || !t->sizes().concrete_sizes()) return "sizes or dtype not profiled";
+    if (!t->device()->is_cpu()) return "not on CPU";
+    if (!to_dnnl_dtype(*t->scalarType()))
+      return std::string("dtype ") + c10::toString(*t->scalarType()) + " not supported (float, bfloat16 are)";
+    if (t->numel() == 0) return "empty tensor";
+    if (t->sizes().concrete_sizes()->empty() && v->node()->kind() != c10::prim::Constant) return "0-dim tensor";
+  }
+  if (!non_tensor_inputs_constant(n)) return "an argument computed at run time (guards check tensors only)";
+  if (!map_node(n)) return "arguments outside the mapping's conditions (op_table.cpp)";
+  return "";
+}
+
 bool is_tensor(const Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
 
 bool table_has_kind(c10::Symbol kind) { return index().by_kind.count(kind) > 0; }

@@ -62,6 +62,9 @@ const OpEntry* find_entry(const Node* n);
 // and the common ones: CPU, fp32/bf16, fully profiled (complete) sizes and strides, no empty tensors.
 std::optional<OpSpec> map_node(const Node* n);
 
+// Why map_node(n) gives nothing, in words for torch_llga.explain(); empty if n maps.
+std::string unmapped_reason(const Node* n);
+
 // Whether an op of this kind (ignoring the overload) appears in the table.
 bool table_has_kind(c10::Symbol kind);
 

@@ -19,6 +19,8 @@ inline const c10::Symbol kOpaqueOutputs = c10::Symbol::attr("opaque_outputs");  
 // Attribute of a group: a process-unique id that survives graph copies (the executor runs a copy),
 // so torch_llga.release(module) finds the kernels of a module's groups.
 inline const c10::Symbol kGroupId = c10::Symbol::attr("group_id");
+// Attribute of an op the fuser left to PyTorch: why (torch_llga.explain() reads it).
+inline const c10::Symbol kUnfusedReason = c10::Symbol::attr("llga_unfused");
 // Attribute of a guard: its group may be compiled for other input sizes of the same ranks.
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 
