@@ -29,10 +29,6 @@ def format_groups(groups, unfused):
     return "\n".join(lines)
 
 
-# Ops that only move data or describe it; listed but not counted in the fused share.
-_BOOKKEEPING = ("aten::size", "aten::Int", "aten::ScalarImplicit", "aten::dim")
-
-
 def _type_text(value):
     t = value.type()
     try:
@@ -58,7 +54,7 @@ class Explanation:
         self.guard_fallbacks = guard_fallbacks
         self.nonfinite_fallbacks = nonfinite_fallbacks
         fused = sum(len(g["ops"]) for g in self.groups)
-        counted = fused + sum(1 for op, _ in self.unfused if "aten::" + op not in _BOOKKEEPING)
+        counted = fused + len(self.unfused)
         self.fused_share = fused / counted if counted else 0.0
 
     def _collect_unfused(self, block):
@@ -69,8 +65,9 @@ class Explanation:
                 continue  # a guard's branch: the group and its fallback
             for b in n.blocks():
                 self._collect_unfused(b)
-            if n.kind().startswith("aten::"):
-                reason = n.s("llga_unfused") if n.hasAttribute("llga_unfused") else "not offered to oneDNN (no tensor output)"
+            # Tensor ops only: size(), Int() and the like are bookkeeping, not computation.
+            if n.kind().startswith("aten::") and any(o.type().kind() == "TensorType" for o in n.outputs()):
+                reason = n.s("llga_unfused") if n.hasAttribute("llga_unfused") else "not examined by the fuser"
                 self.unfused.append((n.kind().replace("aten::", ""), reason))
 
     def __str__(self):
