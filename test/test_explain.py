@@ -58,3 +58,13 @@ def test_explain_misuse_is_a_clear_error():
         torch_llga.explain(nn.ReLU())
     with pytest.raises(TypeError, match="nn.Module or a TorchScript module"):
         torch_llga.explain(lambda x: x, torch.randn(2))
+
+
+def test_explain_handles_multi_output_ops():
+    class TopClass(nn.Module):
+        def forward(self, x):
+            values, indices = torch.max(torch.relu(x), dim=1)  # aten::max.dim: two outputs
+            return values, indices
+
+    report = torch_llga.explain(TopClass(), torch.randn(4, 8), verbose=False)
+    assert dict(report.unfused)["max"] == "no oneDNN mapping"

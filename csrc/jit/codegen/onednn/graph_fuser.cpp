@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "jit/codegen/onednn/graph_builder.h"
@@ -95,7 +96,8 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
   std::unordered_set<const Node*> mapped;
   for (const auto& [id, n] : built.op_nodes) mapped.insert(n);
   for (Node* n : block->nodes()) {
-    if (mapped.count(n) || !n->kind().is_aten() || n->outputs().empty() || !is_tensor(n->output())) continue;
+    bool makes_tensor = std::any_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return is_tensor(v); });
+    if (mapped.count(n) || !n->kind().is_aten() || !makes_tensor) continue;
     auto rejected = built.rejected.find(n);
     std::string reason = rejected != built.rejected.end() ? "oneDNN rejected it: " + rejected->second
                          : db.hasWriters(n)                ? "its tensors are written in place"
