@@ -60,6 +60,19 @@ std::string describe_layouts(const std::vector<logical_tensor>& lts) {
   return s;
 }
 
+// A quantized output is a PyTorch quantized tensor (what aten::dequantize or a fallback reads) with
+// the scale and zero point of the Quantize that made it, never an LLGA tensor. 4-D ones are
+// channels-last, the layout oneDNN's int8 convolutions read and write.
+c10::MemoryFormat quantized_format(size_t dim) {
+  return dim == 4 ? c10::MemoryFormat::ChannelsLast : c10::MemoryFormat::Contiguous;
+}
+
+std::vector<int64_t> quantized_strides(const std::vector<int64_t>& sizes) {
+  if (sizes.size() == 4) return c10::get_channels_last_strides_2d(sizes);
+  auto contiguous = c10::contiguous_strides(sizes);
+  return {contiguous.begin(), contiguous.end()};
+}
+
 }  // namespace
 
 FusionKernel::FusionKernel(const torch::jit::Node* node)
@@ -112,7 +125,14 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
       auto contiguous = c10::contiguous_strides(sizes);
       strides.assign(contiguous.begin(), contiguous.end());
     }
-    opaque_port_.push_back(opaque_output_[j]);
+    std::optional<QuantParams> q;
+    if (c10::isQIntType(*t->scalarType())) {
+      q = quantize_params(subgraph_->outputs()[j]->node());
+      if (!q) { whole_fallback_ = true; return; }
+      strides = quantized_strides(sizes);
+    }
+    out_qparams_.push_back(q);
+    opaque_port_.push_back(opaque_output_[j] && !q);
     out_sizes_.push_back(sizes);
     out_strides_.push_back(strides);
     out_dtypes_.push_back(*t->scalarType());
@@ -135,9 +155,8 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
   }
   std::vector<logical_tensor> outputs;
   for (size_t p = 0; p < out_port_id_.size(); ++p) {
-    size_t j = port_output_[p];
     auto dtype = *to_dnnl_dtype(out_dtypes_[p]);
-    outputs.push_back(opaque_output_[j]
+    outputs.push_back(opaque_port_[p]
                           ? logical_tensor(out_port_id_[p], dtype, out_sizes_[p], logical_tensor::layout_type::any)
                           : logical_tensor(out_port_id_[p], dtype, out_sizes_[p], out_strides_[p]));
   }
@@ -205,8 +224,11 @@ void FusionKernel::run(Stack& stack) {
     const auto& lt = c.outputs[p];
     // An output only groups read is an LLGA tensor whatever layout oneDNN chose (blocked, or a
     // strided one such as NHWC): the next group reads its layout from it, and guards accept it.
+    const auto& q = out_qparams_[p];
     at::Tensor t = opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
-                                   : at::empty_strided(out_sizes_[p], lt.get_strides(), at::TensorOptions().dtype(out_dtypes_[p]));
+                   : q ? at::_empty_affine_quantized(out_sizes_[p], at::TensorOptions().dtype(out_dtypes_[p]), q->scale,
+                                                     q->zero_point, quantized_format(out_sizes_[p].size()))
+                       : at::empty_strided(out_sizes_[p], lt.get_strides(), at::TensorOptions().dtype(out_dtypes_[p]));
     out_tensors.emplace_back(lt, runtime::engine(), data_of(t));
     outs.push_back(std::move(t));
   }
