@@ -10,12 +10,15 @@ A backend that fails on a model is reported as failed, with its error.
 on a few random batches); eager, torchscript, builtin_onednn and torch_llga run its reference form
 (convert_to_reference_fx: quantize/dequantize around fp32 ops), fx_x86 runs convert_fx's (PyTorch's
 native int8 kernels, traced and frozen: what a PyTorch user picks today), torchscript_fp32 the fp32
-model. Differences are to the eager reference model.
+model, torch_llga_exact torch_llga with TORCH_LLGA_INT8_EXACT=1. Differences are to the eager
+reference model.
 """
 import argparse
+import contextlib
 import copy
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -28,8 +31,9 @@ from torch_llga.bench_models import MODELS
 
 warnings.filterwarnings("ignore")
 
-BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "fx_x86", "torchscript_fp32"]
-INT8_ONLY = {"fx_x86", "torchscript_fp32"}
+BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "fx_x86", "torchscript_fp32",
+            "torch_llga_exact"]
+INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_exact"}
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 
 
@@ -50,11 +54,12 @@ class Backend:
             else:
                 self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
-            self.output = self.fn(*inputs)  # optimization and first optimized run
+            with exact_int8(name == "torch_llga_exact"):
+                self.output = self.fn(*inputs)  # optimization and first optimized run
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
 
     def switch(self):
-        if self.name == "torch_llga":
+        if self.name in ("torch_llga", "torch_llga_exact"):
             return torch_llga.enabled()
         if self.name == "builtin_onednn":
             return BuiltinFuser()
@@ -66,6 +71,21 @@ class Backend:
             for _ in range(repeat):
                 self.fn(*self.inputs)
             return (time.perf_counter() - t) * 1e3 / repeat
+
+
+@contextlib.contextmanager
+def exact_int8(on):
+    """TORCH_LLGA_INT8_EXACT=1 while the pass runs: every requantization of the reference kept."""
+    previous = os.environ.get("TORCH_LLGA_INT8_EXACT")
+    if on:
+        os.environ["TORCH_LLGA_INT8_EXACT"] = "1"
+    try:
+        yield
+    finally:
+        if on and previous is None:
+            del os.environ["TORCH_LLGA_INT8_EXACT"]
+        elif on:
+            os.environ["TORCH_LLGA_INT8_EXACT"] = previous
 
 
 class BuiltinFuser:
