@@ -182,9 +182,9 @@ def ratio(row, base, b):
 
 
 def ratio_columns(backends):
-    """(heading, baseline backend) of the "torch_llga vs ..." columns."""
-    cols = [("TS", "torchscript"), ("built-in", "builtin_onednn")]
-    return cols + [(h, b) for h, b in (("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32")) if b in backends]
+    """(heading, baseline backend) of the "torch_llga vs ..." columns: the baselines in this run."""
+    cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32")]
+    return [(h, b) for h, b in cols if b in backends]
 
 
 def markdown(rows, backends, args):
