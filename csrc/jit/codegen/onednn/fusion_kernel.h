@@ -8,6 +8,8 @@
 #include <ATen/Tensor.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
+#include "jit/codegen/onednn/op_table.h"
+
 #include <list>
 #include <memory>
 #include <mutex>
@@ -60,6 +62,7 @@ class FusionKernel {
   std::vector<bool> opaque_port_;       // the same, per output port
   std::vector<std::vector<int64_t>> out_sizes_, out_strides_;
   std::vector<c10::ScalarType> out_dtypes_;
+  std::vector<std::optional<QuantParams>> out_qparams_;  // per output port: a quantized output's scale/zp
 
   std::mutex cache_mutex_;
   std::list<std::shared_ptr<Compiled>> cache_;  // most recently used first

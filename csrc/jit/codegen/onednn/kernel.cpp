@@ -64,6 +64,24 @@ std::string describe_layouts(const std::vector<logical_tensor>& lts) {
 std::mutex g_kernels_mutex;
 std::unordered_multimap<int64_t, FusionKernel*> g_kernels;  // by group id
 
+// A quantized output is a PyTorch quantized tensor (what aten::dequantize or a fallback reads) with
+// the scale and zero point of the Quantize that made it, never an LLGA tensor. 4-D ones are
+// channels-last, the layout oneDNN's int8 convolutions read and write.
+std::vector<int64_t> quantized_strides(const std::vector<int64_t>& sizes) {
+  if (sizes.size() == 4) return c10::get_channels_last_strides_2d(sizes);
+  auto contiguous = c10::contiguous_strides(sizes);
+  return {contiguous.begin(), contiguous.end()};
+}
+
+// The layout oneDNN was asked for: channels-last (profiled sizes, quantized_strides) or contiguous
+// (sizes inferred at compile time).
+c10::MemoryFormat memory_format_of(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  auto contiguous = c10::contiguous_strides(sizes);
+  bool is_contiguous = std::equal(strides.begin(), strides.end(), contiguous.begin(), contiguous.end());
+  TORCH_CHECK(is_contiguous || strides == quantized_strides(sizes), "llga: unexpected quantized output layout");
+  return is_contiguous ? c10::MemoryFormat::Contiguous : c10::MemoryFormat::ChannelsLast;
+}
+
 }  // namespace
 
 FusionKernel::Compiled::Compiled() { runtime::stats().cached_partitions.fetch_add(1, std::memory_order_relaxed); }
@@ -134,7 +152,14 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
       auto contiguous = c10::contiguous_strides(sizes);
       strides.assign(contiguous.begin(), contiguous.end());
     }
-    opaque_port_.push_back(opaque_output_[j]);
+    std::optional<QuantParams> q;
+    if (c10::isQIntType(*t->scalarType())) {
+      q = quantize_params(subgraph_->outputs()[j]->node());
+      if (!q) { whole_fallback_ = true; return; }
+      strides = quantized_strides(sizes);
+    }
+    out_qparams_.push_back(q);
+    opaque_port_.push_back(opaque_output_[j] && !q);
     out_sizes_.push_back(sizes);
     out_strides_.push_back(strides);
     out_dtypes_.push_back(*t->scalarType());
@@ -178,12 +203,11 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
   for (size_t p = 0; p < c.inputs.size(); ++p) profiled_sizes = profiled_sizes && c.inputs[p].get_dims() == in_port_sizes_[p];
   std::vector<logical_tensor> outputs;
   for (size_t p = 0; p < out_port_id_.size(); ++p) {
-    size_t j = port_output_[p];
     auto dtype = *to_dnnl_dtype(out_dtypes_[p]);
     auto sizes = profiled_sizes ? out_sizes_[p] : std::vector<int64_t>(out_sizes_[p].size(), DNNL_GRAPH_UNKNOWN_DIM);
-    outputs.push_back(opaque_output_[j]       ? logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::any)
+    outputs.push_back(opaque_port_[p]   ? logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::any)
                       : profiled_sizes ? logical_tensor(out_port_id_[p], dtype, sizes, out_strides_[p])
-                                              : logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::strided));
+                                       : logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::strided));
   }
   try {
     runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
@@ -257,8 +281,11 @@ void FusionKernel::run(Stack& stack) {
     const auto& lt = c.outputs[p];
     // An output only groups read is an LLGA tensor whatever layout oneDNN chose (blocked, or a
     // strided one such as NHWC): the next group reads its layout from it, and guards accept it.
+    const auto& q = out_qparams_[p];
     at::Tensor t = opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
-                                   : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p]));
+                   : q ? at::_empty_affine_quantized(c.out_sizes[p], at::TensorOptions().dtype(out_dtypes_[p]), q->scale,
+                                                     q->zero_point, memory_format_of(c.out_sizes[p], c.out_strides[p]))
+                       : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p]));
     out_tensors.emplace_back(lt, runtime::engine(), data_of(t));
     outs.push_back(std::move(t));
   }
