@@ -152,17 +152,30 @@ def test_asymmetric_weights_stay_fp32(weight_qscheme):
     assert in_pytorch and all(zp.ne(0).any() for zp in in_pytorch)  # the others in PyTorch
 
 
-def test_other_batch_size_falls_back_correctly():
-    # Quantized tensors cross group boundaries as PyTorch quantized tensors: a guard's fallback
-    # (here: another batch size) runs PyTorch's ops on them.
+@pytest.mark.parametrize("policy", ["compile", "fallback"])
+def test_other_batch_size(policy):
+    # "compile": the int8 groups compile for the new sizes (quantized outputs come back contiguous);
+    # "fallback": quantized tensors cross group boundaries as PyTorch quantized tensors, so the
+    # guards' fallbacks run PyTorch's ops on them.
     x = torch.randn(2, 3, 16, 16)
     ref = quantized(SmallCNN(), x)
     fused = Fused(ref, (x,))
     other = torch.randn(3, 3, 16, 16)
-    before = torch_llga.stats()["guard_failures"]
-    with torch.no_grad():
-        torch.testing.assert_close(fused(other), ref(other), **within_steps(ref, 1))
-    assert torch_llga.stats()["guard_failures"] > before
+    previous = torch_llga.shape_policy()
+    torch_llga.set_shape_policy(policy)
+    try:
+        before = torch_llga.stats()
+        with torch.no_grad():
+            for _ in range(2):
+                torch.testing.assert_close(fused(other), ref(other), **within_steps(ref, 1))
+        after = torch_llga.stats()
+    finally:
+        torch_llga.set_shape_policy(previous)
+    if policy == "compile":
+        assert after["guard_failures"] == before["guard_failures"] and after["compilations"] > before["compilations"]
+        assert after["kernel_fallbacks"] == before["kernel_fallbacks"]
+    else:
+        assert after["guard_failures"] > before["guard_failures"]
 
 
 def test_resnet18_int8():

@@ -346,7 +346,7 @@ bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
 // such inputs run unfused. LLGA tensors come from groups whose own inputs passed this check.
 // Dense tensors are scanned in memory order (the order does not matter for "any").
 bool all_finite(const at::Tensor& t) {
-  if (is_llga_tensor(t)) return true;
+  if (is_llga_tensor(t) || !at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
   if (t.is_non_overlapping_and_dense()) {
     int64_t n = t.numel();
     if (t.scalar_type() == at::kFloat) {
