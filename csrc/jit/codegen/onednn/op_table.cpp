@@ -180,7 +180,8 @@ bool softmax(const Node* n, OpSpec& s) {
 bool layer_norm(const Node* n, OpSpec& s) {
   auto shape = ints_arg(n, 1);
   auto eps = scalar_arg(n, 4);
-  if (!shape || !eps || shape->size() != 1) return false;
+  // oneDNN v3.2 has no layer normalization primitive for 1-D data: it fails to compile.
+  if (!shape || !eps || shape->size() != 1 || rank(n->input(0)) < 2) return false;
   bool affine = !is_none(n, 2) && !is_none(n, 3);
   if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;
   s.in(n->input(0));
@@ -236,6 +237,8 @@ bool avg_pool2d(const Node* n, OpSpec& s) {
 bool global_avg_pool(const Node* n, OpSpec& s) {  // adaptive_avg_pool2d to 1x1 is a mean over H, W
   auto out = ints_arg(n, 1);
   if (rank(n->input(0)) != 4 || !out || *out != Ints{1, 1}) return false;
+  Ints in = sizes(n->input(0));
+  if (in[2] * in[3] == 1) return false;  // nothing to reduce: oneDNN v3.2 has no such reduction
   s.in(n->input(0)).attr(A::axes, Ints{-2, -1}).attr(A::keep_dims, true);
   return true;
 }
