@@ -49,6 +49,8 @@ class Op:
     name = "?"
     category = "approx"
     c = 8  # disc in units of roundoff times the output's magnitude
+    allocates = True  # its output is a new tensor (not a view or its input itself)
+    mutates = False  # an in-place op: writes its first input
 
     def applies(self, v):
         return v.dtype in FLOATS and v.rank >= 1
@@ -75,8 +77,8 @@ class Op:
 
 class Unary(Op):
     def __init__(self, name, fn, category="approx", lip=1.0, c=8, kinds=FLOATS, params=None, code=None,
-                 exact_input=False, disc=None):
-        self.name, self.fn, self.category, self.lip, self.c = name, fn, category, lip, c
+                 exact_input=False, disc=None, allocates=True):
+        self.name, self.fn, self.category, self.lip, self.c, self.allocates = name, fn, category, lip, c, allocates
         self.kinds, self.params, self._code, self.exact_input, self._disc = kinds, params, code, exact_input, disc
 
     def applies(self, v):
@@ -167,8 +169,8 @@ UNARY = [
     Unary("log1", lambda x: (x.abs() + 1).log(), kinds=ANY, disc=_positive_disc, code="({0}.abs() + 1).log()"),
     Unary("sqrt1", lambda x: (x.abs() + 1).sqrt(), lip=0.5, kinds=ANY, disc=_positive_disc, code="({0}.abs() + 1).sqrt()"),
     Unary("powhalf", lambda x: (x.abs() + 1).pow(0.5), lip=0.5, disc=_positive_disc, code="({0}.abs() + 1).pow(0.5)"),
-    Unary("contiguous", lambda x: x.contiguous(), "exact", kinds=ANY + (torch.bool,), code="{0}.contiguous()"),
-    Unary("dropout", lambda x: F.dropout(x, 0.5, False), "exact", code="F.dropout({0}, 0.5, False)"),
+    Unary("contiguous", lambda x: x.contiguous(), "exact", kinds=ANY + (torch.bool,), code="{0}.contiguous()", allocates=False),
+    Unary("dropout", lambda x: F.dropout(x, 0.5, False), "exact", code="F.dropout({0}, 0.5, False)", allocates=False),
     Unary("softmax", F.softmax, lip=lambda x, o, p: 2 * mag(o), params=_softmax_params, disc=_softmax_disc),
     Unary("log_softmax", F.log_softmax, lip=2.0, params=_softmax_params, disc=_softmax_disc),
 ]
@@ -717,6 +719,7 @@ def _split_shape(b, shape):
 
 class Movement(Op):
     category = "exact"
+    allocates = False
 
     def __init__(self, name):
         self.name = name
@@ -758,6 +761,7 @@ class Movement(Op):
 
 class Cast(Op):
     name, category = "to", "exact"
+    allocates = False  # to its own dtype: the input itself
 
     def applies(self, v):
         return v.rank >= 1
@@ -778,14 +782,72 @@ class Cast(Op):
         return f"{args[0]}.to({p['dtype']})"
 
 
+# ---- in-place forms (remove_mutation makes the mapped ones functional) --------------------------
+
+INPLACE_UNARY = {
+    "relu": lambda x, p: x.relu_(),
+    "sigmoid": lambda x, p: x.sigmoid_(),
+    "tanh": lambda x, p: x.tanh_(),
+    "clamp": lambda x, p: x.clamp_(**p),
+    "hardtanh": lambda x, p: F.hardtanh(x, inplace=True, **p),
+    "leaky_relu": lambda x, p: F.leaky_relu(x, inplace=True, **p),
+    "elu": lambda x, p: F.elu(x, inplace=True, **p),
+    "silu": lambda x, p: F.silu(x, inplace=True),
+    "hardswish": lambda x, p: F.hardswish(x, inplace=True),
+}
+
+
+class InPlace(Op):
+    """x.op_(...) on a freshly computed x nothing else has read: its twin's draw and bounds."""
+    mutates = True
+    allocates = False
+
+    def __init__(self, twin):
+        self.twin, self.name, self.category, self.c = twin, twin.name + "_", twin.category, twin.c
+
+    def applies(self, v):
+        return v.fresh and v.dtype in FLOATS and self.twin.applies(v)
+
+    def draw(self, b, v):
+        drawn = self.twin.draw(b, v)
+        if drawn is None or drawn[0][0] != v.name or drawn[1].get("reversed"):
+            return None  # x must be the one written
+        return drawn
+
+    def forward(self, xs, p, t):
+        if self.twin.name in INPLACE_UNARY:
+            return INPLACE_UNARY[self.twin.name](xs[0], p)
+        x = xs[0]
+        y = p["scalar"] if "scalar" in p else (_den(xs[1]) if self.twin.name == "div" else xs[1])
+        method = getattr(x, self.twin.name + "_")
+        return method(y, alpha=p["alpha"]) if "alpha" in p else method(y)
+
+    def identical(self, p):
+        return self.twin.identical(p)
+
+    def prop(self, xs, es, out, p, t):
+        return self.twin.prop(xs, es, out, p, t)
+
+    def disc(self, xs, out, p, t):
+        return self.twin.disc(xs, out, p, t)
+
+    def code(self, args, p, t):
+        if self.twin.name in INPLACE_UNARY:
+            return f"{args[0]}.{self.name}({', '.join(f'{k}={v!r}' for k, v in p.items())})"
+        y = repr(p["scalar"]) if "scalar" in p else (f"({args[1]}.abs() + 1)" if self.twin.name == "div" else args[1])
+        return f"{args[0]}.{self.name}({y}{', alpha=' + repr(p['alpha']) if 'alpha' in p else ''})"
+
+
 # Families drawn first (with these weights), then an op of the family that applies to the operand:
 # so compute-bound ops, which form groups alone, are drawn as often as the many elementwise ones.
 FAMILIES = {
     "compute": [Linear(), Addmm(), Matmul(), Conv(), BatchNorm(), LayerNorm()],
     "elementwise": UNARY,
     "binary": [Binary(n) for n in ("add", "sub", "mul", "div", "maximum")],
+    "inplace": ([InPlace(op) for op in UNARY if op.name in INPLACE_UNARY]
+                + [InPlace(Binary(n)) for n in ("add", "sub", "mul", "div")]),
     "pool": [MaxPool(), AvgPool(), Reduce("adaptive_avg_pool2d"), Reduce("mean"), Reduce("sum")],
     "movement": [Cat(), Cast()] + [Movement(n) for n in ("permute", "transpose", "reshape", "view", "flatten", "unsqueeze", "t")],
 }
-FAMILY_WEIGHTS = ["compute"] * 3 + ["elementwise"] * 3 + ["binary"] * 2 + ["pool"] * 2 + ["movement"]
+FAMILY_WEIGHTS = ["compute"] * 3 + ["elementwise"] * 3 + ["binary"] * 2 + ["pool"] * 2 + ["movement", "inplace"]
 OPS = [op for ops in FAMILIES.values() for op in ops]

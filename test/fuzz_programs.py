@@ -16,6 +16,7 @@ class Val:
     name: str
     ex: torch.Tensor  # its value on the traced inputs
     exact: bool  # fused and eager give bit-identical results
+    fresh: bool = False  # a new tensor nothing has read yet: an in-place op may write it
 
     shape = property(lambda self: tuple(self.ex.shape))
     dtype = property(lambda self: self.ex.dtype)
@@ -82,6 +83,7 @@ class Step:
 class Const:
     """A constant operand (module buffer: a frozen constant, or an attribute when not frozen)."""
     name, category = "const", "exact"
+    allocates = mutates = False
 
     def forward(self, xs, p, t):
         return t["c"]
@@ -130,12 +132,13 @@ def evaluate(prog, xs):
     with torch.no_grad():
         for s in prog.steps:
             ins = [env[a] for a in s.args]
+            before = [x.clone() for x in ins] if s.op.mutates else ins  # an in-place op's bounds need its inputs
             out = s.op.forward(ins, s.p, s.t)
             if out.is_floating_point() and not torch.isfinite(out).all():
                 return None
             e = 0.0
             if not s.exact:
-                e = (s.op.prop(ins, [err[a] for a in s.args], out, s.p, s.t) + s.op.disc(ins, out, s.p, s.t)
+                e = (s.op.prop(before, [err[a] for a in s.args], out, s.p, s.t) + s.op.disc(before, out, s.p, s.t)
                      + unit(out.dtype) * mag(out))
             env[s.out], err[s.out] = out, e
     return tuple(env[o] for o in prog.outputs), tuple(err[o] for o in prog.outputs)
@@ -158,8 +161,9 @@ class Builder:
     def __init__(self, draw, seed):
         self.draw, self.seed = draw, seed
         self.gen = torch.Generator().manual_seed(seed)
-        self.inputs, self.steps, self.values = [], [], []
-        self.env = {}
+        self.inputs, self.steps = [], []
+        self.values = []  # what later steps may read (not values an in-place op has overwritten)
+        self.by_name, self.env = {}, {}
 
     def int(self, lo, hi):
         return self.draw(st.integers(lo, hi))
@@ -176,9 +180,10 @@ class Builder:
     def param_dtype(self, dtype):
         return F32 if dtype == BF16 and self.int(0, 3) == 0 else dtype  # bf16 data, fp32 weights
 
-    def _add(self, name, ex, exact):
+    def _add(self, name, ex, exact, fresh=False):
         self.env[name] = ex
-        self.values.append(Val(name, ex, exact))
+        self.by_name[name] = Val(name, ex, exact, fresh)
+        self.values.append(self.by_name[name])
         return name
 
     def new_input(self, shape, dtype):
@@ -207,21 +212,26 @@ class Builder:
         if drawn is None:
             return
         args, p, t = drawn
+        ins = [self.env[a] for a in args]
+        if op.mutates:  # on copies, so that a failing call leaves the values intact
+            copies = {}
+            ins = [copies.setdefault(id(x), x.clone()) for x in ins]
         try:
             with torch.no_grad():
-                out = op.forward([self.env[a] for a in args], p, t)
+                out = op.forward(ins, p, t)
         except (RuntimeError, ValueError, TypeError, IndexError):
             return  # not a valid PyTorch call (dtype combination, window larger than input, ...)
         if out.numel() == 0 or out.numel() > MAX_ELEMENTS:
             return
         if out.is_floating_point() and not mag(out) <= MAX_MAGNITUDE:
             return  # far from overflow: generation must not hinge on the last bits of a value
-        exact = step_exact(op, p, [self.values_by_name(a) for a in args], out.dtype)
+        exact = step_exact(op, p, [self.by_name[a] for a in args], out.dtype)
         self.steps.append(Step(op, args, p, t, f"v{len(self.steps)}", exact))
-        self._add(self.steps[-1].out, out, exact)
-
-    def values_by_name(self, name):
-        return next(v for v in self.values if v.name == name)
+        for a in args:
+            self.by_name[a].fresh = False
+        if op.mutates:  # the written value lives on under the new name only
+            self.values.remove(self.by_name[args[0]])
+        self._add(self.steps[-1].out, out, exact, fresh=op.allocates)
 
 
 FIRST_DTYPES = [F32] * 8 + [BF16] * 4 + [F64, torch.int32, torch.int64, torch.bool]

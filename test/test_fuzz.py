@@ -10,8 +10,8 @@ other sizes, within error bounds computed from the program's own values (fuzz_op
 same-sized call failed a guard or fell back to PyTorch in the kernel. An example that plain
 TorchScript (torch_llga off) also gets wrong is PyTorch's bug: it is set aside and reported.
 
-`make test` runs a fixed set of examples; a long random run:
-    TORCH_LLGA_FUZZ_EXAMPLES=5000 python -m pytest -q -s test/test_fuzz.py
+`make test` runs a fixed set of examples; a long random run (stopping after MINUTES if given):
+    TORCH_LLGA_FUZZ_EXAMPLES=5000 TORCH_LLGA_FUZZ_MINUTES=40 python -m pytest -q -s test/test_fuzz.py
 """
 import collections
 import math
@@ -29,6 +29,7 @@ from torch_llga.report import fusion_groups
 
 QUICK_EXAMPLES = 80
 LONG_EXAMPLES = int(os.environ.get("TORCH_LLGA_FUZZ_EXAMPLES", "0"))
+LONG_MINUTES = float(os.environ.get("TORCH_LLGA_FUZZ_MINUTES", "inf"))  # a long run stops there too
 
 # The floor of the tolerance, on top of the program's error bound (|fused - eager| <= atol + rtol |eager|).
 BASE_TOL = {F32: (1e-5, 1e-5), BF16: (1.6e-2, 1e-5), F64: (1e-7, 1e-7)}  # bf16: torch.testing's default
@@ -52,6 +53,7 @@ def assert_matches(got, expected, what, tally=False):
 
 TALLY = collections.Counter()
 FUSED_OPS = collections.Counter()
+DEADLINE = [math.inf]
 TORCHSCRIPT_BUGS = []  # (program, error): plain TorchScript gets these wrong too, PyTorch's bugs, not ours
 
 
@@ -119,15 +121,15 @@ def check_fused(prog, all_partitions, freeze):
 
 def plain_torchscript_fails(prog, freeze):
     """Whether TorchScript without torch_llga crashes or goes wrong on the same calls."""
+    xs = prog.make_inputs(0)
+    calls = [(what, inputs, eager(prog, inputs)) for what, inputs, _ in [("traced inputs", xs, True)] * 2 + later_calls(prog)]
     try:
-        xs = prog.make_inputs(0)
         module = trace(prog, xs, freeze)
         with torch.no_grad(), torch_llga.enabled(False):
-            for what, inputs, _ in [("traced inputs", xs, True)] * 2 + later_calls(prog):
-                expected = eager(prog, inputs)
+            for what, inputs, expected in calls:
                 if expected is not None:
                     assert_matches(module(*inputs), expected, what)
-    except Exception:
+    except (RuntimeError, AssertionError):
         return True
     return False
 
@@ -144,6 +146,8 @@ def check_program(prog, all_partitions, freeze):
 
 @given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8), all_partitions=st.sampled_from([True, True, False]), freeze=st.sampled_from([True, True, True, False]))
 def fuzz(prog, all_partitions, freeze):
+    if time.time() > DEADLINE[0]:
+        reject()  # out of time: the remaining examples are skipped
     check_program(prog, all_partitions, freeze)
     if LONG_EXAMPLES and TALLY["examples"] % 250 == 0:
         print(f"  {TALLY['examples']} examples, {time.strftime('%H:%M:%S')}", flush=True)
@@ -155,6 +159,7 @@ def test_fuzz():
     FUSED_OPS.clear()
     TORCHSCRIPT_BUGS.clear()
     start = time.time()
+    DEADLINE[0] = start + LONG_MINUTES * 60 if long_run else math.inf
     settings(max_examples=LONG_EXAMPLES or QUICK_EXAMPLES, derandomize=not long_run, database=None,
              deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))(fuzz)()
     summary = (f"fuzz: {TALLY['examples']} examples in {time.time() - start:.0f} s, {TALLY['with_groups']} with "
