@@ -63,9 +63,25 @@ std::optional<Ints> spatial(std::optional<Ints> v, size_t n) {
 // ---- builders: one per family of ops -------------------------------------------------------
 bool unary(const Node* n, OpSpec& s) { s.in(n->input(0)); return true; }
 bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); return true; }
+
+// oneDNN v3.2's AVX-512 pooling kernel computes a fused binary post-op wrongly when the other
+// operand is as large as the output (garbage or other elements' values; right with
+// ONEDNN_MAX_CPU_ISA=AVX2; found by fuzzing). Such an op stays in PyTorch; a broadcast operand (a
+// scalar, per channel) fuses correctly.
+bool full_operand_after_pool(const Node* n) {
+  auto out = n->output()->type()->cast<TensorType>();
+  for (size_t i = 0; i < 2; ++i) {
+    auto producer = n->input(i)->node()->kind();
+    if (producer != c10::aten::max_pool2d && producer != c10::aten::avg_pool2d) continue;
+    auto other = n->input(1 - i)->type()->cast<TensorType>();
+    if (!other || !out || !other->numel() || !out->numel() || *other->numel() == *out->numel()) return true;
+  }
+  return false;
+}
+bool elementwise_binary(const Node* n, OpSpec& s) { return !full_operand_after_pool(n) && binary(n, s); }
 bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split out by prepare_binary
   auto alpha = scalar_arg(n, 2);
-  return alpha && *alpha == 1 && binary(n, s);
+  return alpha && *alpha == 1 && elementwise_binary(n, s);
 }
 
 bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
@@ -329,8 +345,8 @@ const std::vector<OpEntry>& op_table() {
       // binary (scalar operands become tensors in prepare_binary)
       {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kNone, binary_alpha},
       {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kNone, binary_alpha},
-      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kNone, binary},
-      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kNone, binary},
+      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kNone, elementwise_binary},
+      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kNone, elementwise_binary},
       // unary elementwise
       {"aten::relu(Tensor self) -> Tensor", K::ReLU, kShapePreserving, unary},
       {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", K::GELU, kShapePreserving, gelu},
