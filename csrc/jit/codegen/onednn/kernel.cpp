@@ -30,6 +30,15 @@ at::Tensor readable(const at::Tensor& t) {
   return t.contiguous();
 }
 
+// A size-1 dim's stride addresses nothing, but oneDNN v3.2 crashes compiling a binary op whose
+// operand has one other than the dense stride (a [1] slice of stride 2; found by fuzzing): use that.
+std::vector<int64_t> unit_dims_dense(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  std::vector<int64_t> r(strides.begin(), strides.end());
+  for (size_t d = r.size(); d-- > 0;)
+    if (sizes[d] == 1) r[d] = d + 1 < r.size() ? r[d + 1] * std::max<int64_t>(sizes[d + 1], 1) : 1;
+  return r;
+}
+
 void append_key(std::vector<int64_t>& key, const at::Tensor& t) {
   key.push_back(static_cast<int64_t>(t.scalar_type()));
   if (is_llga_tensor(t)) {
@@ -125,7 +134,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     }
     opaque_port_.push_back(opaque_output_[j]);
     out_sizes_.push_back(sizes);
-    out_strides_.push_back(strides);
+    out_strides_.push_back(unit_dims_dense(sizes, strides));
     out_dtypes_.push_back(*t->scalarType());
   }
 }
@@ -141,7 +150,8 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
                              ? logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_layout_id(), prop)
                              : logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_strides(), prop));
     } else {
-      c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), t.sizes().vec(), t.strides().vec(), prop);
+      c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), t.sizes().vec(),
+                            unit_dims_dense(t.sizes(), t.strides()), prop);
     }
   }
   // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
