@@ -10,8 +10,10 @@ other sizes, within error bounds computed from the program's own values (fuzz_op
 same-sized call failed a guard or fell back to PyTorch in the kernel. An example that plain
 TorchScript (torch_llga off) also gets wrong is PyTorch's bug: it is set aside and reported.
 
-`make test` runs a fixed set of examples; a long random run (stopping after MINUTES if given):
-    TORCH_LLGA_FUZZ_EXAMPLES=5000 TORCH_LLGA_FUZZ_MINUTES=40 python -m pytest -q -s test/test_fuzz.py
+`make test` runs a fixed set of examples; a long random run (stopping after MINUTES if given; a
+crash leaves the example it ran in LOG):
+    TORCH_LLGA_FUZZ_EXAMPLES=5000 TORCH_LLGA_FUZZ_MINUTES=40 TORCH_LLGA_FUZZ_LOG=/tmp/fuzz.txt \
+        python -m pytest -q -s test/test_fuzz.py
 """
 import collections
 import math
@@ -30,6 +32,7 @@ from torch_llga.report import fusion_groups
 QUICK_EXAMPLES = 80
 LONG_EXAMPLES = int(os.environ.get("TORCH_LLGA_FUZZ_EXAMPLES", "0"))
 LONG_MINUTES = float(os.environ.get("TORCH_LLGA_FUZZ_MINUTES", "inf"))  # a long run stops there too
+CURRENT_LOG = os.environ.get("TORCH_LLGA_FUZZ_LOG")  # each example is written here first: a crash leaves it
 
 # The floor of the tolerance, on top of the program's error bound (|fused - eager| <= atol + rtol |eager|).
 BASE_TOL = {F32: (1e-5, 1e-5), BF16: (1.6e-2, 1e-5), F64: (1e-7, 1e-7)}  # bf16: torch.testing's default
@@ -148,6 +151,9 @@ def check_program(prog, all_partitions, freeze):
 def fuzz(prog, all_partitions, freeze):
     if time.time() > DEADLINE[0]:
         reject()  # out of time: the remaining examples are skipped
+    if CURRENT_LOG:
+        with open(CURRENT_LOG, "w") as f:
+            f.write(f"all_partitions={all_partitions} freeze={freeze}{prog!r}")
     check_program(prog, all_partitions, freeze)
     if LONG_EXAMPLES and TALLY["examples"] % 250 == 0:
         print(f"  {TALLY['examples']} examples, {time.strftime('%H:%M:%S')}", flush=True)
