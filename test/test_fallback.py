@@ -124,3 +124,19 @@ def test_shape_computed_at_run_time_is_not_baked_in():
     fused = check(f, x, torch.empty(2), groups=[["linear", "relu"]])
     assert "view" in fused.unfused
     torch.testing.assert_close(fused(x, torch.empty(3)), f(x, torch.empty(3)))
+
+
+def test_graph_returning_a_bool_mask():
+    # oneDNN v3.2's End op rejects boolean tensors: building the graph used to throw (found by fuzzing).
+    a, b = torch.randn(4, 8, 16), torch.randn(4, 16, 8)
+    check(lambda a, b: (torch.relu(torch.matmul(a, b)), a > 0), a, b, groups=[["matmul", "relu"]])
+
+
+def test_size_one_dims_with_any_stride(all_partitions):
+    # oneDNN v3.2 crashed compiling an add whose operand is a [1] slice of stride 2 (found by
+    # fuzzing): a size-1 dim's stride addresses nothing, the kernel passes the dense one.
+    a, b = torch.randn(1), torch.randn(2)[::2]
+    check(torch.add, a, b, groups=[["add"]])
+    a, b = torch.randn(2, 1, 3), torch.randn(2, 2, 3)[:, ::2]
+    assert b.stride() == (6, 6, 1)
+    check(torch.add, a, b, groups=[["add"]])

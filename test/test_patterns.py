@@ -1,4 +1,5 @@
 """Fusion patterns from real models: the groups oneDNN v3.2 forms and their numerics."""
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -96,3 +97,13 @@ def test_mlp_chain():
     fused = check(model, torch.randn(8, 16), groups=[["linear", "relu"], ["linear", "leaky_relu"], ["linear"]])
     # Groups feeding groups keep oneDNN's layout.
     assert [opaque_outputs(g) for g in fused.graph.findAllNodes("llga::FusionGroup", True)] == [[1], [1], [0]]
+
+
+@pytest.mark.parametrize("pool", ["max_pool2d", "avg_pool2d"])
+def test_pool_then_add(pool):
+    # oneDNN v3.2's AVX-512 pooling kernel gets a fused binary post-op wrong when the other operand
+    # is output-sized (found by fuzzing): that add stays in PyTorch; a per-channel one still fuses.
+    fn = getattr(F, pool)
+    x = torch.randn(2, 8, 8, 8)
+    check(lambda a, b: fn(a, 2, 2) + b, x, torch.randn(2, 8, 4, 4), groups=[[pool]])
+    check(lambda a, b: fn(a, 2, 2) + b, x, torch.randn(1, 8, 1, 1), groups=[[pool, "add"]])

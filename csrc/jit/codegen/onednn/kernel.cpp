@@ -32,6 +32,15 @@ at::Tensor readable(const at::Tensor& t) {
   return t.contiguous();
 }
 
+// A size-1 dim's stride addresses nothing, but oneDNN v3.2 crashes compiling a binary op whose
+// operand has one other than the dense stride (a [1] slice of stride 2; found by fuzzing): use that.
+std::vector<int64_t> unit_dims_dense(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  std::vector<int64_t> r(strides.begin(), strides.end());
+  for (size_t d = r.size(); d-- > 0;)
+    if (sizes[d] == 1) r[d] = d + 1 < r.size() ? r[d + 1] * std::max<int64_t>(sizes[d + 1], 1) : 1;
+  return r;
+}
+
 void append_key(std::vector<int64_t>& key, const at::Tensor& t) {
   key.push_back(static_cast<int64_t>(t.scalar_type()));
   if (is_llga_tensor(t)) {
@@ -78,7 +87,10 @@ std::vector<int64_t> quantized_strides(const std::vector<int64_t>& sizes) {
 c10::MemoryFormat memory_format_of(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
   auto contiguous = c10::contiguous_strides(sizes);
   bool is_contiguous = std::equal(strides.begin(), strides.end(), contiguous.begin(), contiguous.end());
-  TORCH_CHECK(is_contiguous || strides == quantized_strides(sizes), "llga: unexpected quantized output layout");
+  // (Strides of size-1 dims do not matter; oneDNN may report them either way.)
+  TORCH_CHECK(is_contiguous || strides == quantized_strides(sizes) ||
+                  strides == unit_dims_dense(sizes, quantized_strides(sizes)),
+              "llga: unexpected quantized output layout");
   return is_contiguous ? c10::MemoryFormat::Contiguous : c10::MemoryFormat::ChannelsLast;
 }
 
@@ -161,7 +173,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     out_qparams_.push_back(q);
     opaque_port_.push_back(opaque_output_[j] && !q);
     out_sizes_.push_back(sizes);
-    out_strides_.push_back(strides);
+    out_strides_.push_back(unit_dims_dense(sizes, strides));
     out_dtypes_.push_back(*t->scalarType());
   }
 }
@@ -194,7 +206,7 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
     } else {
       bool scalar = t.dim() == 0;  // a 0-dim constant: [1] to oneDNN
       c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), scalar ? std::vector<int64_t>{1} : t.sizes().vec(),
-                            scalar ? std::vector<int64_t>{1} : t.strides().vec(), prop);
+                            scalar ? std::vector<int64_t>{1} : unit_dims_dense(t.sizes(), t.strides()), prop);
     }
   }
   // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes

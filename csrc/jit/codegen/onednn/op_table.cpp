@@ -64,9 +64,25 @@ std::optional<Ints> spatial(std::optional<Ints> v, size_t n) {
 // ---- builders: one per family of ops -------------------------------------------------------
 bool unary(const Node* n, OpSpec& s) { s.in(n->input(0)); return true; }
 bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); return true; }
+
+// oneDNN v3.2's AVX-512 pooling kernel computes a fused binary post-op wrongly when the other
+// operand is as large as the output (garbage or other elements' values; right with
+// ONEDNN_MAX_CPU_ISA=AVX2; found by fuzzing). Such an op stays in PyTorch; a broadcast operand (a
+// scalar, per channel) fuses correctly.
+bool full_operand_after_pool(const Node* n) {
+  auto out = n->output()->type()->cast<TensorType>();
+  for (size_t i = 0; i < 2; ++i) {
+    auto producer = n->input(i)->node()->kind();
+    if (producer != c10::aten::max_pool2d && producer != c10::aten::avg_pool2d) continue;
+    auto other = n->input(1 - i)->type()->cast<TensorType>();
+    if (!other || !out || !other->numel() || !out->numel() || *other->numel() == *out->numel()) return true;
+  }
+  return false;
+}
+bool elementwise_binary(const Node* n, OpSpec& s) { return !full_operand_after_pool(n) && binary(n, s); }
 bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split out by prepare_binary
   auto alpha = scalar_arg(n, 2);
-  return alpha && *alpha == 1 && binary(n, s);
+  return alpha && *alpha == 1 && elementwise_binary(n, s);
 }
 
 bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
@@ -159,6 +175,13 @@ bool gelu(const Node* n, OpSpec& s) {
   return str_arg(n, 1).value_or("") == "none" && unary(n, s);
 }
 
+// oneDNN v3.2's Round has no bf16 kernel: alone it forms no partition, but round + add does, and
+// fails to compile (found by fuzzing).
+bool round_f32(const Node* n, OpSpec& s) {
+  auto t = n->input(0)->type()->cast<TensorType>();
+  return t && t->scalarType() == c10::ScalarType::Float && unary(n, s);
+}
+
 bool pow_scalar(const Node* n, OpSpec& s) {
   auto e = scalar_arg(n, 1);
   if (!e) return false;
@@ -181,7 +204,8 @@ bool softmax(const Node* n, OpSpec& s) {
 bool layer_norm(const Node* n, OpSpec& s) {
   auto shape = ints_arg(n, 1);
   auto eps = scalar_arg(n, 4);
-  if (!shape || !eps || shape->size() != 1) return false;
+  // oneDNN v3.2 has no layer normalization primitive for 1-D data: it fails to compile.
+  if (!shape || !eps || shape->size() != 1 || rank(n->input(0)) < 2) return false;
   bool affine = !is_none(n, 2) && !is_none(n, 3);
   if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;
   s.in(n->input(0));
@@ -237,6 +261,8 @@ bool avg_pool2d(const Node* n, OpSpec& s) {
 bool global_avg_pool(const Node* n, OpSpec& s) {  // adaptive_avg_pool2d to 1x1 is a mean over H, W
   auto out = ints_arg(n, 1);
   if (rank(n->input(0)) != 4 || !out || *out != Ints{1, 1}) return false;
+  Ints in = sizes(n->input(0));
+  if (in[2] * in[3] == 1) return false;  // nothing to reduce: oneDNN v3.2 has no such reduction
   s.in(n->input(0)).attr(A::axes, Ints{-2, -1}).attr(A::keep_dims, true);
   return true;
 }
@@ -394,8 +420,8 @@ const std::vector<OpEntry>& op_table() {
       // binary (scalar operands become tensors in prepare_binary)
       {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kNone, binary_alpha},
       {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kNone, binary_alpha},
-      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kNone, binary},
-      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kNone, binary},
+      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kNone, elementwise_binary},
+      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kNone, elementwise_binary},
       // unary elementwise
       {"aten::relu(Tensor self) -> Tensor", K::ReLU, kShapePreserving, unary},
       {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", K::GELU, kShapePreserving, gelu},
@@ -413,7 +439,7 @@ const std::vector<OpEntry>& op_table() {
       {"aten::sqrt(Tensor self) -> Tensor", K::Sqrt, kShapePreserving, unary},
       {"aten::abs(Tensor self) -> Tensor", K::Abs, kShapePreserving, unary},
       {"aten::square(Tensor self) -> Tensor", K::Square, kShapePreserving, unary},
-      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving, unary},
+      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving, round_f32},
       {"aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", K::Pow, kShapePreserving, pow_scalar},
       // data movement
       {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", K::Concat, kNone, cat},

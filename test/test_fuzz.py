@@ -1,0 +1,179 @@
+"""Fuzzing: random programs of the ops torch_llga maps (and some it leaves to PyTorch), fused and
+compared with eager.
+
+Each example draws a program (fuzz_programs.py, fuzz_ops.py: shapes with broadcasting, fp32/bf16 and
+dtypes that must stay in PyTorch, values used twice, several outputs, input layouts), traces and
+freezes it with torch_llga on (sometimes making a group of every partition, sometimes unfrozen),
+warms it up, then checks its outputs against eager on the traced inputs, on fresh ones of the same
+sizes, on fresh ones with other strides (channels_last, transposed, sliced, expanded) and on ones of
+other sizes, within error bounds computed from the program's own values (fuzz_ops.py); and that no
+same-sized call failed a guard or fell back to PyTorch in the kernel. An example that plain
+TorchScript (torch_llga off) also gets wrong is PyTorch's bug: it is set aside and reported.
+
+`make test` runs a fixed set of examples; a long random run (stopping after MINUTES if given; a
+crash leaves the example it ran in LOG):
+    TORCH_LLGA_FUZZ_EXAMPLES=5000 TORCH_LLGA_FUZZ_MINUTES=40 TORCH_LLGA_FUZZ_LOG=/tmp/fuzz.txt \
+        python -m pytest -q -s test/test_fuzz.py
+"""
+import collections
+import math
+import os
+import time
+
+import torch
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+import torch_llga
+from fuzz_ops import BF16, F32, F64, mag
+from fuzz_programs import ProgramModule, evaluate, programs
+from torch_llga.report import fusion_groups
+
+QUICK_EXAMPLES = 80
+LONG_EXAMPLES = int(os.environ.get("TORCH_LLGA_FUZZ_EXAMPLES", "0"))
+LONG_MINUTES = float(os.environ.get("TORCH_LLGA_FUZZ_MINUTES", "inf"))  # a long run stops there too
+CURRENT_LOG = os.environ.get("TORCH_LLGA_FUZZ_LOG")  # each example is written here first: a crash leaves it
+
+# The floor of the tolerance, on top of the program's error bound (|fused - eager| <= atol + rtol |eager|).
+BASE_TOL = {F32: (1e-5, 1e-5), BF16: (1.6e-2, 1e-5), F64: (1e-7, 1e-7)}  # bf16: torch.testing's default
+
+
+# ---- the check --------------------------------------------------------------------------------
+
+def assert_matches(got, expected, what, tally=False):
+    outs, bounds = expected
+    assert len(got) == len(outs)
+    for k, (g, w, e) in enumerate(zip(got, outs, bounds)):
+        rtol, atol = BASE_TOL.get(w.dtype, (0.0, 0.0))
+        # The bound is for |fused - eager| already; twice it leaves room for its rough constants.
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol + 2 * e,
+                                   msg=lambda m: f"{what}, output {k} (bound {e:.3g}): {m}")
+        if tally and w.is_floating_point() and mag(w) > 0:  # how tight the check was: allowed error / output magnitude
+            allowed = (atol + 2 * e + rtol * mag(w)) / max(mag(w), 1e-30)
+            TALLY[f"tolerance {str(w.dtype)[6:]}: " + next(f"<= {c:g}" for c in (1e-4, 1e-3, 1e-2, 1e-1, math.inf) if allowed <= c)
+                  + " of |output|"] += 1
+
+
+TALLY = collections.Counter()
+FUSED_OPS = collections.Counter()
+DEADLINE = [math.inf]
+TORCHSCRIPT_BUGS = []  # (program, error): plain TorchScript gets these wrong too, PyTorch's bugs, not ours
+
+
+def eager(prog, inputs):
+    """evaluate(), or None where eager PyTorch rejects these inputs (an other-sized call can break
+    broadcasting, a static reshape, a weight's size) or a value is not finite."""
+    try:
+        return evaluate(prog, inputs)
+    except RuntimeError:
+        return None
+
+
+def later_calls(prog):
+    """(what, inputs, same sizes as traced) for the calls after warm-up."""
+    return [("traced inputs", prog.make_inputs(0), True),
+            ("fresh inputs", prog.make_inputs(1), True),
+            ("fresh inputs, other strides", prog.make_inputs(2, restride=True), True),
+            ("other sizes", prog.make_inputs(3, resize=True), False)]
+
+
+def trace(prog, xs, freeze):
+    with torch.no_grad():
+        module = torch.jit.trace(ProgramModule(prog).eval(), xs, check_trace=False)
+        return torch.jit.freeze(module) if freeze else module
+
+
+def check_fused(prog, all_partitions, freeze):
+    xs = prog.make_inputs(0)
+    expected = evaluate(prog, xs)
+    assert expected is not None, "the builder keeps traced values finite"
+    fused = trace(prog, xs, freeze)
+    torch_llga._C._set_fuse_all_partitions(all_partitions)
+    try:
+        with torch.no_grad(), torch_llga.enabled():
+            outs = [fused(*xs), fused(*xs)]  # profiling run, then the optimized graph
+            graph = torch.jit.last_executed_optimized_graph()
+    finally:
+        torch_llga._C._set_fuse_all_partitions(False)
+    for k, out in enumerate(outs):
+        assert_matches(out, expected, f"warm-up call {k}", tally=k == 1)
+    groups = fusion_groups(graph)
+    TALLY["examples"] += 1
+    TALLY["with_groups"] += bool(groups)
+    TALLY["groups"] += len(groups)
+    for g in groups:
+        FUSED_OPS.update(g)
+    for what, inputs, same_sizes in later_calls(prog):
+        expected = eager(prog, inputs)
+        if expected is None:
+            TALLY[f"skipped: {what}"] += 1
+            continue
+        before = torch_llga.stats()
+        with torch.no_grad():
+            got = fused(*inputs)
+        after = torch_llga.stats()
+        assert_matches(got, expected, what, tally=True)
+        if same_sizes:
+            assert after["kernel_fallbacks"] == before["kernel_fallbacks"], f"{what}: oneDNN could not run a group\n{graph}"
+            assert after["guard_failures"] == before["guard_failures"], f"{what}: a guard rejected same-sized inputs\n{graph}"
+            assert after["executions"] - before["executions"] == len(groups), f"{what}: not every group ran\n{graph}"
+        else:  # new sizes: shape-free groups recompile, the others take the guard's fallback
+            TALLY["other sizes: fused executions"] += after["executions"] - before["executions"]
+            TALLY["other sizes: kernel fallbacks"] += after["kernel_fallbacks"] - before["kernel_fallbacks"]
+
+
+def plain_torchscript_fails(prog, freeze):
+    """Whether TorchScript without torch_llga crashes or goes wrong on the same calls."""
+    xs = prog.make_inputs(0)
+    calls = [(what, inputs, eager(prog, inputs)) for what, inputs, _ in [("traced inputs", xs, True)] * 2 + later_calls(prog)]
+    try:
+        module = trace(prog, xs, freeze)
+        with torch.no_grad(), torch_llga.enabled(False):
+            for what, inputs, expected in calls:
+                if expected is not None:
+                    assert_matches(module(*inputs), expected, what)
+    except (RuntimeError, AssertionError):
+        return True
+    return False
+
+
+def check_program(prog, all_partitions, freeze):
+    try:
+        check_fused(prog, all_partitions, freeze)
+    except Exception as e:
+        if plain_torchscript_fails(prog, freeze):
+            TORCHSCRIPT_BUGS.append((prog, f"{type(e).__name__}: {str(e)[:300]}"))
+            reject()
+        raise
+
+
+@given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8), all_partitions=st.sampled_from([True, True, False]), freeze=st.sampled_from([True, True, True, False]))
+def fuzz(prog, all_partitions, freeze):
+    if time.time() > DEADLINE[0]:
+        reject()  # out of time: the remaining examples are skipped
+    if CURRENT_LOG:
+        with open(CURRENT_LOG, "w") as f:
+            f.write(f"all_partitions={all_partitions} freeze={freeze}{prog!r}")
+    check_program(prog, all_partitions, freeze)
+    if LONG_EXAMPLES and TALLY["examples"] % 250 == 0:
+        print(f"  {TALLY['examples']} examples, {time.strftime('%H:%M:%S')}", flush=True)
+
+
+def test_fuzz():
+    long_run = LONG_EXAMPLES > 0
+    TALLY.clear()
+    FUSED_OPS.clear()
+    TORCHSCRIPT_BUGS.clear()
+    start = time.time()
+    DEADLINE[0] = start + LONG_MINUTES * 60 if long_run else math.inf
+    settings(max_examples=LONG_EXAMPLES or QUICK_EXAMPLES, derandomize=not long_run, database=None,
+             deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))(fuzz)()
+    summary = (f"fuzz: {TALLY['examples']} examples in {time.time() - start:.0f} s, {TALLY['with_groups']} with "
+               f"fusion groups ({TALLY['groups']} groups), {len(TORCHSCRIPT_BUGS)} rejected as PyTorch's own bugs; "
+               f"{ {k: v for k, v in TALLY.items() if ':' in k} }; fused ops: {dict(FUSED_OPS.most_common())}")
+    print(summary)
+    for prog, error in TORCHSCRIPT_BUGS[:5]:
+        print(f"plain TorchScript fails too:{prog}    {error}")
+    # Fuzzing that never fuses tests nothing.
+    assert TALLY["with_groups"] >= 0.3 * TALLY["examples"], summary
+    assert len(FUSED_OPS) >= 12, summary
