@@ -2,6 +2,8 @@ import warnings
 
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 import torch_llga
 from torch_llga.report import fusion_groups, unfused_ops
@@ -75,3 +77,18 @@ def seeded():
 def opaque_outputs(group):
     """A fusion group's per-output flags: 1 = may stay in oneDNN's own layout (read only by groups)."""
     return getattr(group, "is")("opaque_outputs")  # Node.is(), a Python keyword
+
+
+class ConvNet(nn.Module):
+    """Two convs with a residual add and a linear head: three groups."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x) + x)
+        return self.fc(x.mean((2, 3)))

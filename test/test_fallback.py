@@ -5,20 +5,7 @@ import torch.nn.functional as F
 
 import torch_llga
 
-from conftest import FP32, check, opaque_outputs
-
-
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-        self.fc = nn.Linear(8, 4)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x) + x)
-        return self.fc(x.mean((2, 3)))
+from conftest import ConvNet, FP32, check, opaque_outputs
 
 
 def assert_matches_eager(model, fused, x):

@@ -5,11 +5,10 @@ import random
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import torch_llga
 
-from conftest import FP32, check
+from conftest import FP32, ConvNet, check
 
 
 @pytest.fixture(autouse=True)
@@ -18,19 +17,6 @@ def restore_settings():
     yield
     torch_llga.set_shape_policy(policy)
     torch_llga.set_cache_capacity(capacity)
-
-
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-        self.fc = nn.Linear(8, 4)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x) + x)
-        return self.fc(x.mean((2, 3)))
 
 
 class Attention(nn.Module):
