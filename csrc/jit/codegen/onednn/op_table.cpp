@@ -64,21 +64,24 @@ std::optional<Ints> spatial(std::optional<Ints> v, size_t n) {
 bool unary(const Node* n, OpSpec& s) { s.in(n->input(0)); return true; }
 bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); return true; }
 
-// oneDNN v3.2's AVX-512 pooling kernel computes a fused binary post-op wrongly when the other
-// operand is as large as the output (garbage or other elements' values; right with
-// ONEDNN_MAX_CPU_ISA=AVX2; found by fuzzing). Such an op stays in PyTorch; a broadcast operand (a
-// scalar, per channel) fuses correctly.
-bool full_operand_after_pool(const Node* n) {
-  auto out = n->output()->type()->cast<TensorType>();
+// Binary post-ops oneDNN v3.2 computes wrongly (found by fuzzing): after max/avg pooling with an
+// output-sized operand (its AVX-512 kernel; right with ONEDNN_MAX_CPU_ISA=AVX2), after softmax with
+// some broadcast operands ([3,5,8] * [1,5,1]: garbage; a lower-rank one fails to compile). A
+// shape-free group may meet any operand shape later, so such an op stays in PyTorch unless its
+// other operand is a constant scalar (x * 0.5), which fuses correctly.
+bool unsafe_post_op(const Node* n) {
   for (size_t i = 0; i < 2; ++i) {
     auto producer = n->input(i)->node()->kind();
-    if (producer != c10::aten::max_pool2d && producer != c10::aten::avg_pool2d) continue;
-    auto other = n->input(1 - i)->type()->cast<TensorType>();
-    if (!other || !out || !other->numel() || !out->numel() || *other->numel() == *out->numel()) return true;
+    if (producer != c10::aten::max_pool2d && producer != c10::aten::avg_pool2d && producer != c10::aten::softmax &&
+        producer != c10::aten::log_softmax)
+      continue;
+    const Value* other = n->input(1 - i);
+    auto t = other->type()->cast<TensorType>();
+    if (other->node()->kind() != c10::prim::Constant || !t || t->numel() != 1) return true;
   }
   return false;
 }
-bool elementwise_binary(const Node* n, OpSpec& s) { return !full_operand_after_pool(n) && binary(n, s); }
+bool elementwise_binary(const Node* n, OpSpec& s) { return !unsafe_post_op(n) && binary(n, s); }
 bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split out by prepare_binary
   auto alpha = scalar_arg(n, 2);
   return alpha && *alpha == 1 && elementwise_binary(n, s);
