@@ -1,5 +1,6 @@
 # make demo : set up .venv, build torch_llga, run the ResNet-50 demo
 # make test : set up .venv, build torch_llga, run the pytest suite
+# make test-sanitize : the same with torch_llga built with ASan + UBSan (TORCH_LLGA_SANITIZE=1)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -7,7 +8,7 @@ DEPS   := $(VENV)/.deps-installed
 SO     := $(wildcard torch_llga/_C*.so)
 SRCS   := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name 'sources.txt') setup.py
 
-.PHONY: all venv build demo test bench clean
+.PHONY: all venv build build-sanitize demo test test-sanitize bench clean
 
 all: build
 
@@ -22,12 +23,25 @@ $(DEPS): requirements.txt requirements-test.txt | $(PY)
 venv: $(DEPS)
 
 # Built in place (ninja, incremental), then registered with pip as an editable install once.
+# One stamp per build mode, and building one removes the other's: the in-place .so is whichever
+# was built last. The sanitized objects live in build/*-sanitize (setup.py), so switching back and
+# forth only relinks.
 torch_llga/.built: $(DEPS) $(SRCS)
 	MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py -q build_ext --inplace
 	$(PY) -m pip show -q torch_llga >/dev/null 2>&1 || $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	rm -f torch_llga/.built-sanitize
+	touch $@
+
+torch_llga/.built-sanitize: $(DEPS) $(SRCS)
+	TORCH_LLGA_SANITIZE=1 MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py -q build_ext --inplace
+	$(PY) -m pip show -q torch_llga >/dev/null 2>&1 || \
+	  TORCH_LLGA_SANITIZE=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	rm -f torch_llga/.built
 	touch $@
 
 build: torch_llga/.built
+
+build-sanitize: torch_llga/.built-sanitize
 
 demo: build
 	$(PY) -m torch_llga.demo
@@ -35,8 +49,12 @@ demo: build
 test: build
 	$(PY) -m pytest -q test
 
+# The ASan/UBSan runtimes preloaded into python, with the options in test/sanitizers/run.
+test-sanitize: build-sanitize
+	test/sanitizers/run $(PY) -m pytest -q test
+
 bench: build
 	$(PY) -m torch_llga.bench
 
 clean:
-	rm -rf build torch_llga/_C*.so torch_llga/.built *.egg-info
+	rm -rf build torch_llga/_C*.so torch_llga/.built torch_llga/.built-sanitize *.egg-info

@@ -32,6 +32,22 @@ def sources():
 prefix = onednn_prefix()
 lib_dir = os.path.join(prefix, "lib")
 
+# TORCH_LLGA_SANITIZE=1: AddressSanitizer + UBSan build for the test suite (`make test-sanitize`).
+# -O1 -g1 keeps reports symbolized (file:line) at moderate cost; UBSan stays recoverable at compile
+# time so UBSAN_OPTIONS=halt_on_error=1 decides at run time. No vptr check: it references the
+# typeinfo of torch classes that torch does not export (c10::DynamicType), so the module would not
+# load. -fno-wrapv undoes Python's -fwrapv, which would hide signed overflow from UBSan.
+# Objects and the built .so go to their own build dirs, so switching modes relinks/copies instead
+# of mixing objects of the two.
+SANITIZE = os.environ.get("TORCH_LLGA_SANITIZE") == "1"
+if SANITIZE:
+    sanitize = ["-fsanitize=address,undefined", "-fno-sanitize=vptr"]
+    compile_args, link_args = ["-O1", "-g1", "-fno-omit-frame-pointer", "-fno-wrapv", *sanitize], sanitize
+    build_dirs = {"build_temp": "build/temp-sanitize", "build_lib": "build/lib-sanitize"}
+else:
+    compile_args, link_args = ["-O2", "-g0"], ["-s"]
+    build_dirs = {}
+
 setup(
     name="torch_llga",
     version="0.1.0",
@@ -44,10 +60,11 @@ setup(
             include_dirs=[os.path.join(prefix, "include"), os.path.join(ROOT, "csrc")],
             library_dirs=[lib_dir],
             libraries=["dnnl"],
-            extra_compile_args=["-O2", "-g0", "-std=c++20", "-fvisibility=hidden"],
-            extra_link_args=[f"-Wl,-rpath,{lib_dir}", "-s"],
+            extra_compile_args=[*compile_args, "-std=c++20", "-fvisibility=hidden"],
+            extra_link_args=[f"-Wl,-rpath,{lib_dir}", *link_args],
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    options={"build_ext": build_dirs},
     python_requires=">=3.10",
 )

@@ -4,6 +4,7 @@
 #include <oneapi/dnnl/dnnl_graph.hpp>
 #include <oneapi/dnnl/dnnl_version.h>
 
+#include "jit/codegen/onednn/fusion_kernel.h"
 #include "jit/codegen/onednn/runtime.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -16,6 +17,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_shape_policy_is_compile", [] { return llga::runtime::shape_policy() == llga::runtime::ShapePolicy::kCompile; });
   m.def("_set_cache_capacity", &llga::runtime::set_cache_capacity);
   m.def("_cache_capacity", &llga::runtime::cache_capacity);
+  m.def("_release", [](const std::shared_ptr<torch::jit::Graph>& g) { return llga::release_compiled_partitions(g.get()); });
+  m.def("_release_all", [] { return llga::release_compiled_partitions(nullptr); });
   m.def("_constant_cache_enabled", [] { return dnnl::graph::get_constant_tensor_cache() != 0; });
   m.def("_stats", [] {
     auto& s = llga::runtime::stats();

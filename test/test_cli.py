@@ -31,8 +31,8 @@ def test_run(saved):
 def test_explain(saved):
     out = cli("explain", saved, "--input", "1x3x16x16")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("2 fusion groups")
-    assert "[_convolution, relu]" in out.stdout
+    assert out.stdout.startswith("2 partitions, 4 ops fused, 0 left to PyTorch; 100% of the ops run fused")
+    assert "partition 0: 2 ops [_convolution, relu]  inputs: float32[1, 3, 16, 16]" in out.stdout
 
 
 @pytest.mark.parametrize("args,message", [

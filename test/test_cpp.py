@@ -12,6 +12,12 @@ import torchvision
 
 from conftest import fusion_groups
 
+# Under `make test-sanitize` this module only costs time: it builds a separate, unsanitized
+# libtorch_llga with CMake (minutes longer with the ASan runtime preloaded into every compiler) and
+# runs its programs in a clean environment, so no sanitized code would run.
+pytestmark = pytest.mark.skipif(os.environ.get("TORCH_LLGA_SANITIZE") == "1",
+                                reason="CMake build is not sanitized; nothing sanitized would run")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 

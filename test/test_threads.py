@@ -1,7 +1,8 @@
-"""One fused module called from several threads at once: no crash, every result equal.
+"""One fused module called from 8 threads at once, 500 calls each: no crash, every result equal to
+the single-thread one.
 
 oneDNN compiled partitions must not execute on two threads at once (a known oneDNN double free);
-the kernel serializes execution per compiled partition. (Issue 4 asks for the long 8 x 500 run.)
+the kernel serializes execution per compiled partition (its cost: see README, Guarantees).
 """
 import threading
 
@@ -12,28 +13,30 @@ import torch_llga
 from conftest import check
 
 
-def test_concurrent_calls_agree():
+def test_eight_threads_500_calls_each():
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
                           nn.Flatten(), nn.Linear(16 * 16 * 16, 10))
-    x = torch.randn(2, 3, 16, 16)
-    fused = check(model, x, rtol=1e-4, atol=1e-4)
+    inputs = [torch.randn(2, 3, 16, 16) for _ in range(8)]
+    fused = check(model, inputs[0], rtol=1e-4, atol=1e-4)
     assert len(fused.groups) >= 2
-    expected = fused(x)
+    expected = [fused(x) for x in inputs]  # single-thread results, one input per thread
     errors, mismatches = [], []
-    before = torch_llga.stats()["executions"]
+    before = torch_llga.stats()
 
-    def worker():
+    def worker(i):
         try:
-            for _ in range(50):
-                if not torch.equal(fused(x), expected):
-                    mismatches.append(1)
+            for _ in range(500):
+                if not torch.equal(fused(inputs[i]), expected[i]):
+                    mismatches.append(i)
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    after = torch_llga.stats()
     assert not errors and not mismatches
-    assert torch_llga.stats()["executions"] - before == 4 * 50 * len(fused.groups)
+    assert after["executions"] - before["executions"] == 8 * 500 * len(fused.groups)
+    assert after["guard_failures"] == before["guard_failures"]

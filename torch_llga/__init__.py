@@ -16,7 +16,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 from . import _C
 
 __all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "set_shape_policy", "shape_policy",
-           "set_cache_capacity", "cache_capacity"]
+           "set_cache_capacity", "cache_capacity", "release", "explain"]
 
 
 def enable():
@@ -69,6 +69,53 @@ def set_cache_capacity(n):
 
 def cache_capacity():
     return _C._cache_capacity()
+
+
+def release(module=None):
+    """Frees the compiled oneDNN partitions (and oneDNN's reordered copies of the weights) of a
+    module's fusion groups, or of every module when none is given; returns how many were freed.
+    The module still works: its next call compiles again.
+
+    Why this exists: PyTorch keeps the code of every traced or frozen module (its graph, frozen
+    weights and executor, and so our compiled partitions) in its global compilation unit until
+    the process exits, even after the module is deleted. Call this before dropping a module."""
+    if module is None:
+        return _C._release_all()
+    if not isinstance(module, torch.jit.ScriptModule):
+        raise TypeError(f"release() takes a TorchScript module (torch.jit.trace/script/freeze), not {type(module).__name__}")
+    try:
+        state = module.get_debug_state()
+    except RuntimeError:  # never optimized (called fewer than twice): nothing compiled
+        return 0
+    return sum(_C._release(plan.graph) for plan in state.execution_plans.values())
+
+
+def explain(module, *inputs, verbose=True):
+    """Fuses `module` for `inputs` and reports what happened: each partition (its ops, input sizes
+    and dtypes), every op left to PyTorch with the reason, guard fallbacks on these inputs, and the
+    share of ops that run fused. Prints the report (unless verbose=False) and returns it.
+
+    An nn.Module is traced and frozen here (in eval mode); a TorchScript module is used as it is."""
+    from .report import Explanation
+
+    if not inputs:
+        raise TypeError("explain(module, *inputs) needs the inputs to run the module with")
+    with torch.no_grad(), enabled():
+        if not isinstance(module, torch.jit.ScriptModule):
+            if not isinstance(module, torch.nn.Module):
+                raise TypeError(f"explain() takes an nn.Module or a TorchScript module, not {type(module).__name__}")
+            module = torch.jit.freeze(torch.jit.trace(module.eval(), inputs))
+        module(*inputs)  # profiling run
+        module(*inputs)  # optimized (fused) run
+        before = stats()
+        module(*inputs)
+        after = stats()
+        graph = torch.jit.last_executed_optimized_graph()
+    report = Explanation(graph, after["guard_failures"] - before["guard_failures"],
+                         after["nonfinite_fallbacks"] - before["nonfinite_fallbacks"])
+    if verbose:
+        print(report)
+    return report
 
 
 def stats():

@@ -94,10 +94,11 @@ def cmd_run(args):
 
 
 def cmd_explain(args):
-    from torch_llga.report import format_groups, fusion_groups, unfused_ops
+    import torch_llga
 
-    _, _, _, graph = prepared(args, fused=True)
-    print(format_groups(fusion_groups(graph), unfused_ops(graph)))
+    module, inputs = load(args)
+    call(module, inputs)  # a one-line error if the model does not take these inputs
+    torch_llga.explain(module, *inputs)
 
 
 def main(argv=None):

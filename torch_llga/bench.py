@@ -1,13 +1,24 @@
 """Benchmark: torch_llga beside eager, TorchScript, PyTorch's built-in oneDNN fuser and torch.compile.
 
     python -m torch_llga.bench [--models resnet50,lld6] [--backends ...] [--threads 2] [--out bench_out/run]
+    python -m torch_llga.bench --dtype int8 --models resnet50   # torch_llga vs FX convert_fx (x86) vs fp32
 
 Rounds are interleaved across backends so machine drift hits all alike; the figures are medians.
 A backend that fails on a model is reported as failed, with its error.
+
+--dtype int8: the model is quantized the way PyTorch's FX flow does it (x86 qconfig mapping, calibrated
+on a few random batches); eager, torchscript, builtin_onednn and torch_llga run its reference form
+(convert_to_reference_fx: quantize/dequantize around fp32 ops), fx_x86 runs convert_fx's (PyTorch's
+native int8 kernels, traced and frozen: what a PyTorch user picks today), torchscript_fp32 the fp32
+model, torch_llga_exact torch_llga with TORCH_LLGA_INT8_EXACT=1. Differences are to the eager
+reference model.
 """
 import argparse
+import contextlib
+import copy
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -20,7 +31,10 @@ from torch_llga.bench_models import MODELS
 
 warnings.filterwarnings("ignore")
 
-BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga"]
+BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "fx_x86", "torchscript_fp32",
+            "torch_llga_exact"]
+INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_exact"}
+INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 
 
 class Backend:
@@ -40,11 +54,12 @@ class Backend:
             else:
                 self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
-            self.output = self.fn(*inputs)  # optimization and first optimized run
+            with exact_int8(name == "torch_llga_exact"):
+                self.output = self.fn(*inputs)  # optimization and first optimized run
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
 
     def switch(self):
-        if self.name == "torch_llga":
+        if self.name in ("torch_llga", "torch_llga_exact"):
             return torch_llga.enabled()
         if self.name == "builtin_onednn":
             return BuiltinFuser()
@@ -56,6 +71,21 @@ class Backend:
             for _ in range(repeat):
                 self.fn(*self.inputs)
             return (time.perf_counter() - t) * 1e3 / repeat
+
+
+@contextlib.contextmanager
+def exact_int8(on):
+    """TORCH_LLGA_INT8_EXACT=1 while the pass runs: every requantization of the reference kept."""
+    previous = os.environ.get("TORCH_LLGA_INT8_EXACT")
+    if on:
+        os.environ["TORCH_LLGA_INT8_EXACT"] = "1"
+    try:
+        yield
+    finally:
+        if on and previous is None:
+            del os.environ["TORCH_LLGA_INT8_EXACT"]
+        elif on:
+            os.environ["TORCH_LLGA_INT8_EXACT"] = previous
 
 
 class BuiltinFuser:
@@ -85,6 +115,20 @@ def progress(text):
     sys.stderr.flush()
 
 
+def quantized_int8(model, inputs):
+    """(reference, native): model quantized by FX with the x86 qconfig mapping, calibrated on a few
+    random batches like the inputs; as convert_to_reference_fx and as convert_fx make it."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, convert_to_reference_fx, prepare_fx
+
+    torch.backends.quantized.engine = "x86"
+    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), inputs)
+    with torch.no_grad():
+        for _ in range(4):
+            prepared(*(torch.rand_like(x) if x.is_floating_point() else x for x in inputs))
+    return convert_to_reference_fx(copy.deepcopy(prepared)), convert_fx(prepared)
+
+
 def bench_model(name, backends, args):
     torch.manual_seed(0)
     model, inputs = MODELS[name](args.batch)
@@ -92,14 +136,24 @@ def bench_model(name, backends, args):
     if args.dtype == "bf16":
         model = model.to(torch.bfloat16)
         inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
-    with torch.no_grad():
-        expected = first(model(*inputs))
     row = {"model": name, "flops": flops_of(model, inputs), "results": {}}
+    models = dict.fromkeys(backends, model)  # the model each backend runs
+    if args.dtype == "int8":
+        progress(f"{name}: quantizing")
+        try:
+            reference, native = quantized_int8(model, inputs)
+        except Exception as e:
+            row["results"] = {b: {"error": f"quantization: {type(e).__name__}: {str(e).splitlines()[0][:100]}"}
+                              for b in backends}
+            return row
+        models = {b: model if b == "torchscript_fp32" else native if b == "fx_x86" else reference for b in backends}
+    with torch.no_grad():
+        expected = first((reference if args.dtype == "int8" else model)(*inputs))
     ready = []
     for b in backends:
         progress(f"{name}: preparing {b}")
         try:
-            backend = Backend(b, model, inputs)
+            backend = Backend(b, models[b], inputs)
             diff = (first(backend.output).float() - expected.float()).abs().max().item()
             row["results"][b] = {"warmup_ms": backend.warmup_ms, "max_abs_diff": diff, "times": []}
             ready.append(backend)
@@ -127,23 +181,30 @@ def ratio(row, base, b):
     return None
 
 
+def ratio_columns(backends):
+    """(heading, baseline backend) of the "torch_llga vs ..." columns: the baselines in this run."""
+    cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32")]
+    return [(h, b) for h, b in cols if b in backends]
+
+
 def markdown(rows, backends, args):
     head = f"torch {torch.__version__}, oneDNN (torch_llga) {torch_llga.onednn_version()}, " \
            f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms"
-    lines = [head, "", "| model | " + " | ".join(backends) +
-             " | llga vs TS | llga vs built-in | llga GFLOP/s | first 2 calls ms (llga / built-in) |",
-             "|---" * (len(backends) + 5) + "|"]
+    cols = ratio_columns(backends)
+    lines = [head, "", "| model | " + " | ".join(backends) + "".join(f" | llga vs {h}" for h, _ in cols) +
+             " | llga GFLOP/s | first 2 calls ms (llga / built-in) |",
+             "|---" * (len(backends) + len(cols) + 3) + "|"]
     for row in rows:
         cells = []
         for b in backends:
             res = row["results"].get(b, {})
             cells.append(f"{res['median_ms']:.3f}" if "median_ms" in res else f"failed: {res.get('error', '?')}")
-        r_ts, r_bi = ratio(row, "torchscript", "torch_llga"), ratio(row, "builtin_onednn", "torch_llga")
+        ratios = [ratio(row, base, "torch_llga") for _, base in cols]
         llga = row["results"].get("torch_llga", {})
         gflops = f"{row['flops'] / llga['median_ms'] / 1e6:.0f}" if "median_ms" in llga and row["flops"] else "-"
         warm = "/".join(f"{row['results'].get(b, {}).get('warmup_ms', float('nan')):.0f}"
                         for b in ("torch_llga", "builtin_onednn"))
-        cells += [f"{r_ts:.2f}x" if r_ts else "-", f"{r_bi:.2f}x" if r_bi else "-", gflops, warm]
+        cells += [f"{r:.2f}x" if r else "-" for r in ratios] + [gflops, warm]
         lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
     ratios = [ratio(row, "builtin_onednn", "torch_llga") for row in rows]
     ratios = [r for r in ratios if r]
@@ -162,12 +223,13 @@ def plot(rows, backends, path):
 
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 4))
     width = 0.8 / len(backends)
+    base = "torchscript" if "torchscript" in backends else backends[0]
     for i, b in enumerate(backends):
         # Speed relative to TorchScript: taller is faster.
-        vals = [ratio(row, "torchscript", b) or 0 for row in rows]
+        vals = [ratio(row, base, b) or 0 for row in rows]
         ax.bar([k + i * width for k in range(len(rows))], vals, width, label=b)
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))], [r["model"] for r in rows], rotation=30, ha="right")
-    ax.set_ylabel("speed vs TorchScript (x)")
+    ax.set_ylabel(f"speed vs {base} (x)")
     ax.axhline(1, color="gray", lw=0.5)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -179,16 +241,19 @@ def main(argv=None):
     parser.add_argument("--models", default="resnet50,resnet18_64,mobilenet_v2,mobilenet_v3_large,vit_b_16,bert_base,"
                         "deep_and_wide,deep_and_wide_64,lld6,xml_cnn,mlp,conv3x3_512",
                         help="comma-separated, from: " + ", ".join(MODELS))
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from: " + ", ".join(BACKENDS))
+    parser.add_argument("--backends", help="comma-separated, from: " + ", ".join(BACKENDS) +
+                        f"; default: all but {', '.join(sorted(INT8_ONLY))} ({INT8_DEFAULT_BACKENDS} with --dtype int8)")
     parser.add_argument("--batch", type=int, default=1, help="batch multiplier (models keep their own base batch)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--out", help="write <out>.md (the table) and <out>.png (a bar chart)")
     args = parser.parse_args(argv)
 
     models = [m for m in args.models.split(",") if m]
+    if args.backends is None:
+        args.backends = INT8_DEFAULT_BACKENDS if args.dtype == "int8" else ",".join(b for b in BACKENDS if b not in INT8_ONLY)
     backends = [b for b in args.backends.split(",") if b]
     for m in models:
         if m not in MODELS:
@@ -196,6 +261,8 @@ def main(argv=None):
     for b in backends:
         if b not in BACKENDS:
             parser.error(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
+        if b in INT8_ONLY and args.dtype != "int8":
+            parser.error(f"backend {b} is an int8 comparison: use it with --dtype int8")
     torch.set_num_threads(args.threads)
 
     rows = []

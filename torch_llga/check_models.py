@@ -3,7 +3,8 @@ torch_llga, and compared with eager.
 
     python -m torch_llga.check_models [--models resnet18,gpt2] [--size 224]
 
-Prints a table (model, groups, ops fused / total, max abs diff, pass) and exits 1 if a model fails.
+Prints a table (model, groups, ops fused / total, max abs diff, pass, the op explain() most often
+leaves to PyTorch and why) and exits 1 if a model fails.
 """
 import argparse
 import sys
@@ -12,7 +13,9 @@ import warnings
 import torch
 
 import torch_llga
-from torch_llga.report import fusion_groups, unfused_ops
+import collections
+
+from torch_llga.report import Explanation
 
 TORCHVISION = ["resnet18", "resnet50", "resnext50_32x4d", "wide_resnet50_2", "densenet121", "mobilenet_v2",
                "mobilenet_v3_large", "mobilenet_v3_small", "mnasnet1_0", "shufflenet_v2_x1_0", "squeezenet1_0",
@@ -73,13 +76,15 @@ def check(name, size):
         before = torch_llga.stats()
         out = fused(*inputs)
         after = torch_llga.stats()
-    groups, unfused = fusion_groups(graph), unfused_ops(graph)
+    report = Explanation(graph, after["guard_failures"] - before["guard_failures"],
+                         after["nonfinite_fallbacks"] - before["nonfinite_fallbacks"])  # what explain() reports
     diff = (out - expected).abs().max().item()
     scale = expected.abs().max().item()
-    n_fused = sum(map(len, groups))
-    ok = (torch.allclose(out, expected, rtol=RTOL, atol=RTOL * scale) and after["guard_failures"] == before["guard_failures"]
+    n_fused = sum(len(g["ops"]) for g in report.groups)
+    ok = (torch.allclose(out, expected, rtol=RTOL, atol=RTOL * scale) and report.guard_fallbacks == 0
           and after["kernel_fallbacks"] == before["kernel_fallbacks"])
-    return len(groups), n_fused, n_fused + len(unfused), diff, scale, ok
+    reasons = collections.Counter(f"{op}: {reason}" for op, reason in report.unfused).most_common(1)
+    return len(report.groups), n_fused, n_fused + len(report.unfused), diff, scale, ok, reasons[0][0] if reasons else "-"
 
 
 def main(argv=None):
@@ -89,17 +94,18 @@ def main(argv=None):
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
 
-    print("| model | groups | ops fused / total | max abs diff | max abs output | pass |\n|---|---|---|---|---|---|")
+    print("| model | groups | ops fused / total | max abs diff | max abs output | pass | most frequent op left to PyTorch (explain) |\n"
+          "|---|---|---|---|---|---|---|")
     failed = []
     for name in [m for m in args.models.split(",") if m]:
         try:
-            groups, n_fused, total, diff, scale, ok = check(name, args.size)
+            groups, n_fused, total, diff, scale, ok, left = check(name, args.size)
             ok = ok and scale > 0
-            print(f"| {name} | {groups} | {n_fused} / {total} | {diff:.1e} | {scale:.1e} | {'yes' if ok else 'NO'} |",
+            print(f"| {name} | {groups} | {n_fused} / {total} | {diff:.1e} | {scale:.1e} | {'yes' if ok else 'NO'} | {left} |",
                   flush=True)
         except Exception as e:
             ok = False
-            print(f"| {name} | - | - | {type(e).__name__}: {str(e).splitlines()[-1][:80]} | - | NO |", flush=True)
+            print(f"| {name} | - | - | {type(e).__name__}: {str(e).splitlines()[-1][:80]} | - | NO | - |", flush=True)
         if not ok:
             failed.append(name)
     if failed:

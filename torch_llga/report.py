@@ -27,3 +27,64 @@ def format_groups(groups, unfused):
         lines.append("  in PyTorch: " + ", ".join(f"{op} x{n}" if n > 1 else op
                                                 for op, n in collections.Counter(unfused).items()))
     return "\n".join(lines)
+
+
+def _type_text(value):
+    t = value.type()
+    try:
+        sizes, dtype = t.sizes(), t.dtype()
+    except RuntimeError:
+        return str(t)
+    return f"{str(dtype).replace('torch.', '')}{list(sizes) if sizes is not None else ''}"
+
+
+class Explanation:
+    """What torch_llga did with a module: its partitions, every op left to PyTorch with the reason,
+    guard fallbacks on the given inputs, and the share of ops that run fused."""
+
+    def __init__(self, graph, guard_fallbacks, nonfinite_fallbacks):
+        self.groups = []      # [{"ops": [...], "inputs": ["float32[1, 3, 224, 224]", ...]}]
+        self.unfused = []     # [(op, reason)]
+        for node in graph.findAllNodes("llga::FusionGroup", True):
+            sub = node.g("Subgraph")
+            ops = [n.kind().replace("aten::", "") for n in sub.nodes()
+                   if n.kind() not in ("prim::Constant", "prim::ListConstruct")]
+            self.groups.append({"ops": ops, "inputs": [_type_text(v) for v in sub.inputs()]})
+        self._collect_unfused(graph.block())
+        self.guard_fallbacks = guard_fallbacks
+        self.nonfinite_fallbacks = nonfinite_fallbacks
+        fused = sum(len(g["ops"]) for g in self.groups)
+        counted = fused + len(self.unfused)
+        self.fused_share = fused / counted if counted else 0.0
+
+    def _collect_unfused(self, block):
+        for n in block.nodes():
+            if n.kind() in ("llga::FusionGroup", "llga::Guard"):
+                continue
+            if n.kind() == "prim::If" and any(b.findNode("llga::FusionGroup") for b in n.blocks()):
+                continue  # a guard's branch: the group and its fallback
+            for b in n.blocks():
+                self._collect_unfused(b)
+            # Tensor ops only: size(), Int() and the like are bookkeeping, not computation.
+            if n.kind().startswith("aten::") and any(o.type().kind() == "TensorType" for o in n.outputs()):
+                reason = n.s("llga_unfused") if n.hasAttribute("llga_unfused") else "not examined by the fuser"
+                self.unfused.append((n.kind().replace("aten::", ""), reason))
+
+    def __str__(self):
+        fused = sum(len(g["ops"]) for g in self.groups)
+        lines = [f"{len(self.groups)} partitions, {fused} ops fused, {len(self.unfused)} left to PyTorch; "
+                 f"{self.fused_share:.0%} of the ops run fused"]
+        for i, g in enumerate(self.groups):
+            counts = collections.Counter(g["ops"])
+            summary = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.items())
+            lines.append(f"  partition {i}: {len(g['ops'])} ops [{summary}]  inputs: {', '.join(g['inputs'])}")
+        if self.unfused:
+            lines.append("left to PyTorch:")
+            for (op, reason), n in collections.Counter(self.unfused).items():
+                lines.append(f"  {op}{f' x{n}' if n > 1 else ''}: {reason}")
+        if self.guard_fallbacks:
+            lines.append(f"guard fell back {self.guard_fallbacks} times on these inputs "
+                         f"({self.nonfinite_fallbacks} for NaN/Inf; other sizes/dtypes than profiled): those groups ran unfused")
+        return "\n".join(lines)
+
+    __repr__ = __str__

@@ -8,6 +8,8 @@
 #include <ATen/Tensor.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
+#include "jit/codegen/onednn/op_table.h"
+
 #include <list>
 #include <memory>
 #include <mutex>
@@ -18,7 +20,11 @@ namespace llga {
 class FusionKernel {
  public:
   explicit FusionKernel(const torch::jit::Node* node);
+  ~FusionKernel();
   void run(torch::jit::Stack& stack);
+  // Drops every compiled partition (and with it oneDNN's reordered copies of the weights); the
+  // next call compiles again.
+  void release();
 
  private:
   static constexpr size_t kConstantPort = SIZE_MAX;
@@ -41,6 +47,7 @@ class FusionKernel {
   void run_fallback(torch::jit::Stack& stack, std::vector<at::Tensor>& inputs);
 
   std::shared_ptr<torch::jit::Graph> subgraph_;
+  int64_t group_id_ = -1;
   size_t num_inputs_ = 0;
   bool whole_fallback_ = false;  // the subgraph did not re-form one partition
   dnnl::graph::partition partition_;
@@ -55,10 +62,16 @@ class FusionKernel {
   std::vector<bool> opaque_port_;       // the same, per output port
   std::vector<std::vector<int64_t>> out_sizes_, out_strides_;
   std::vector<c10::ScalarType> out_dtypes_;
+  std::vector<std::optional<QuantParams>> out_qparams_;  // per output port: a quantized output's scale/zp
 
   std::mutex cache_mutex_;
   std::list<std::shared_ptr<Compiled>> cache_;  // most recently used first
   std::unique_ptr<torch::jit::Code> fallback_code_;
 };
+
+// Releases the compiled partitions of the groups in g (also inside its blocks and the optimized
+// graphs of its fallback functions), or of every group in the process when g is null.
+// Returns how many compiled partitions were dropped.
+int64_t release_compiled_partitions(const torch::jit::Graph* g);
 
 }  // namespace llga

@@ -72,6 +72,8 @@ logical_tensor value_lt(const Value* v, bool ranks_only) {
   if (t) {
     auto sizes = t->sizes().concrete_sizes();
     auto strides = t->strides().concrete_sizes();
+    if (sizes && strides && sizes->empty() && is_constant(v))  // a 0-dim constant broadcasts as [1]
+      return logical_tensor(v->unique(), dtype, std::vector<int64_t>{1}, std::vector<int64_t>{1}, prop);
     if (sizes && strides) return logical_tensor(v->unique(), dtype, *sizes, *strides, prop);
     if (t->dim())
       return logical_tensor(v->unique(), dtype, static_cast<int32_t>(*t->dim()), logical_tensor::layout_type::undef, prop);
@@ -126,6 +128,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
       built.op_nodes[next_id++] = n;
     } catch (const dnnl::error& e) {
       GRAPH_DEBUG("oneDNN rejected ", n->kind().toQualString(), " (", e.what(), "): left to PyTorch");
+      built.rejected[n] = e.what();
       add_wildcard(n);
     }
   }

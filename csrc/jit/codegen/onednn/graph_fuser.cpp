@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "jit/codegen/onednn/graph_builder.h"
@@ -85,6 +86,26 @@ bool worth_a_group(const std::vector<Node*>& nodes) {
   return nodes.size() >= 3 && largest >= kMinElementsForCheapGroup;
 }
 
+void mark_unfused(const std::vector<Node*>& nodes, const std::string& reason) {
+  for (Node* n : nodes)
+    if (n->kind() != c10::prim::ListConstruct) n->s_(kUnfusedReason, reason);
+}
+
+// Why each op of the block that oneDNN was never offered stays in PyTorch.
+void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& db) {
+  std::unordered_set<const Node*> mapped;
+  for (const auto& [id, n] : built.op_nodes) mapped.insert(n);
+  for (Node* n : block->nodes()) {
+    bool makes_tensor = std::any_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return is_tensor(v); });
+    if (mapped.count(n) || !n->kind().is_aten() || !makes_tensor) continue;
+    auto rejected = built.rejected.find(n);
+    std::string reason = rejected != built.rejected.end() ? "oneDNN rejected it: " + rejected->second
+                         : db.hasWriters(n)                ? "its tensors are written in place"
+                                                           : unmapped_reason(n);
+    if (!reason.empty()) n->s_(kUnfusedReason, reason);
+  }
+}
+
 void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& groups) {
   for (Node* n : block->nodes())
     for (auto* b : n->blocks()) fuse_block(b, db, groups);
@@ -93,6 +114,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
   // A node whose tensors are written in place elsewhere keeps its place in program order.
   opts.may_map = [&](const Node* n) { return !db.hasWriters(n); };
   BuiltGraph built = build_graph(block, opts);
+  mark_unmapped(block, built, db);
 
   std::vector<std::vector<Node*>> partitions;
   for (const auto& p : built.partitions) {
@@ -100,10 +122,12 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
     if (nodes.empty()) continue;
     if (!p.is_supported()) {
       GRAPH_DEBUG("oneDNN does not support the partition [", describe(nodes), "]: left to PyTorch");
+      mark_unfused(nodes, "oneDNN has no partition for it here");
       continue;
     }
     if (!worth_a_group(nodes) && !runtime::fuse_all_partitions()) {
       GRAPH_DEBUG("Not worth a group: [", describe(nodes), "]");
+      mark_unfused(nodes, "cheap ops too small to pay for a group (fewer than 3, or under 256K elements)");
       continue;
     }
     partitions.push_back(std::move(nodes));
@@ -116,6 +140,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
     std::string ops = describe(nodes);
     if (!gather(nodes, db)) {
       GRAPH_DEBUG("Partition [", ops, "] cannot be made contiguous in the graph: left to PyTorch");
+      mark_unfused(nodes, "its partition cannot be made contiguous in the graph");
       continue;
     }
     Node* group = SubgraphUtils::createSingletonSubgraphAndUpdateAliasing(nodes.back(), kFusionGroup, db);
@@ -152,6 +177,8 @@ void FuseGraph(std::shared_ptr<Graph>& g) {
   for (Node* group : groups) {
     if (!forms_one_partition(group)) {
       GRAPH_DEBUG("A group does not re-form one partition; unfused:\n", *group->g(c10::attr::Subgraph));
+      for (Node* n : group->g(c10::attr::Subgraph)->nodes())
+        if (n->kind() != c10::prim::Constant) n->s_(kUnfusedReason, "its partition did not re-form as one");
       SubgraphUtils::unmergeSubgraph(group);
     }
   }

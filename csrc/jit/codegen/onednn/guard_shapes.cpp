@@ -13,6 +13,8 @@
 // max-pool turn NaN into numbers; eager propagates it). On a mismatch it turns any LLGA (opaque)
 // tensor into a strided one for the fallback.
 #include <torch/csrc/jit/ir/ir.h>
+
+#include <atomic>
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -38,6 +40,8 @@ bool shape_free(const Node* group) {
 }
 
 void insert_guard(Node* group) {
+  static std::atomic<int64_t> next_group_id{0};
+  group->i_(kGroupId, next_group_id++);
   Graph* g = group->owningGraph();
   std::vector<Value*> checked;
   std::vector<c10::TypePtr> types;

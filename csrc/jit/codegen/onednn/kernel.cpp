@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/strides.h>
+#include <unordered_set>
+#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/runtime/operator.h>
@@ -67,6 +69,31 @@ std::string describe_layouts(const std::vector<logical_tensor>& lts) {
   return s;
 }
 
+// Every live kernel by the subgraph it runs, for release_compiled_partitions.
+std::mutex g_kernels_mutex;
+std::unordered_multimap<int64_t, FusionKernel*> g_kernels;  // by group id
+
+// A quantized output is a PyTorch quantized tensor (what aten::dequantize or a fallback reads) with
+// the scale and zero point of the Quantize that made it, never an LLGA tensor. 4-D ones are
+// channels-last, the layout oneDNN's int8 convolutions read and write.
+std::vector<int64_t> quantized_strides(const std::vector<int64_t>& sizes) {
+  if (sizes.size() == 4) return c10::get_channels_last_strides_2d(sizes);
+  auto contiguous = c10::contiguous_strides(sizes);
+  return {contiguous.begin(), contiguous.end()};
+}
+
+// The layout oneDNN was asked for: channels-last (profiled sizes, quantized_strides) or contiguous
+// (sizes inferred at compile time).
+c10::MemoryFormat memory_format_of(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  auto contiguous = c10::contiguous_strides(sizes);
+  bool is_contiguous = std::equal(strides.begin(), strides.end(), contiguous.begin(), contiguous.end());
+  // (Strides of size-1 dims do not matter; oneDNN may report them either way.)
+  TORCH_CHECK(is_contiguous || strides == quantized_strides(sizes) ||
+                  strides == unit_dims_dense(sizes, quantized_strides(sizes)),
+              "llga: unexpected quantized output layout");
+  return is_contiguous ? c10::MemoryFormat::Contiguous : c10::MemoryFormat::ChannelsLast;
+}
+
 }  // namespace
 
 FusionKernel::Compiled::Compiled() { runtime::stats().cached_partitions.fetch_add(1, std::memory_order_relaxed); }
@@ -74,6 +101,11 @@ FusionKernel::Compiled::~Compiled() { runtime::stats().cached_partitions.fetch_s
 
 FusionKernel::FusionKernel(const torch::jit::Node* node)
     : subgraph_(node->g(c10::attr::Subgraph)), num_inputs_(node->inputs().size()) {
+  {
+    std::lock_guard<std::mutex> lock(g_kernels_mutex);
+    group_id_ = node->hasAttribute(kGroupId) ? node->i(kGroupId) : -1;
+    g_kernels.emplace(group_id_, this);
+  }
   auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
   for (size_t j = 0; j < node->outputs().size(); ++j) opaque_output_.push_back(j < opaque.size() && opaque[j]);
 
@@ -108,7 +140,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     in_port_constant_.push_back(in != input_of_id.end() ? at::Tensor() : constant->second);
     in_port_id_.push_back(lt.get_id());
     in_port_sizes_.push_back(in != input_of_id.end() ? *subgraph_->inputs()[in->second]->type()->expect<TensorType>()->sizes().concrete_sizes()
-                                                      : constant->second.sizes().vec());
+                                                      : lt.get_dims());
   }
   output_port_.assign(subgraph_->outputs().size(), SIZE_MAX);
   for (const auto& lt : partition_.get_output_ports()) {
@@ -132,11 +164,33 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
       auto contiguous = c10::contiguous_strides(sizes);
       strides.assign(contiguous.begin(), contiguous.end());
     }
-    opaque_port_.push_back(opaque_output_[j]);
+    std::optional<QuantParams> q;
+    if (c10::isQIntType(*t->scalarType())) {
+      q = quantize_params(subgraph_->outputs()[j]->node());
+      if (!q) { whole_fallback_ = true; return; }
+      strides = quantized_strides(sizes);
+    }
+    out_qparams_.push_back(q);
+    opaque_port_.push_back(opaque_output_[j] && !q);
     out_sizes_.push_back(sizes);
     out_strides_.push_back(unit_dims_dense(sizes, strides));
     out_dtypes_.push_back(*t->scalarType());
   }
+}
+
+FusionKernel::~FusionKernel() {
+  std::lock_guard<std::mutex> lock(g_kernels_mutex);
+  auto [first, last] = g_kernels.equal_range(group_id_);
+  for (auto it = first; it != last; ++it)
+    if (it->second == this) {
+      g_kernels.erase(it);
+      break;
+    }
+}
+
+void FusionKernel::release() {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  cache_.clear();  // a call executing one now holds its own reference
 }
 
 void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
@@ -150,8 +204,9 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
                              ? logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_layout_id(), prop)
                              : logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_strides(), prop));
     } else {
-      c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), t.sizes().vec(),
-                            unit_dims_dense(t.sizes(), t.strides()), prop);
+      bool scalar = t.dim() == 0;  // a 0-dim constant: [1] to oneDNN
+      c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), scalar ? std::vector<int64_t>{1} : t.sizes().vec(),
+                            scalar ? std::vector<int64_t>{1} : unit_dims_dense(t.sizes(), t.strides()), prop);
     }
   }
   // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
@@ -160,12 +215,11 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
   for (size_t p = 0; p < c.inputs.size(); ++p) profiled_sizes = profiled_sizes && c.inputs[p].get_dims() == in_port_sizes_[p];
   std::vector<logical_tensor> outputs;
   for (size_t p = 0; p < out_port_id_.size(); ++p) {
-    size_t j = port_output_[p];
     auto dtype = *to_dnnl_dtype(out_dtypes_[p]);
     auto sizes = profiled_sizes ? out_sizes_[p] : std::vector<int64_t>(out_sizes_[p].size(), DNNL_GRAPH_UNKNOWN_DIM);
-    outputs.push_back(opaque_output_[j]       ? logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::any)
+    outputs.push_back(opaque_port_[p]   ? logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::any)
                       : profiled_sizes ? logical_tensor(out_port_id_[p], dtype, sizes, out_strides_[p])
-                                              : logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::strided));
+                                       : logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::strided));
   }
   try {
     runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
@@ -239,8 +293,11 @@ void FusionKernel::run(Stack& stack) {
     const auto& lt = c.outputs[p];
     // An output only groups read is an LLGA tensor whatever layout oneDNN chose (blocked, or a
     // strided one such as NHWC): the next group reads its layout from it, and guards accept it.
+    const auto& q = out_qparams_[p];
     at::Tensor t = opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
-                                   : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p]));
+                   : q ? at::_empty_affine_quantized(c.out_sizes[p], at::TensorOptions().dtype(out_dtypes_[p]), q->scale,
+                                                     q->zero_point, memory_format_of(c.out_sizes[p], c.out_strides[p]))
+                       : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p]));
     out_tensors.emplace_back(lt, runtime::engine(), data_of(t));
     outs.push_back(std::move(t));
   }
@@ -251,6 +308,35 @@ void FusionKernel::run(Stack& stack) {
   runtime::stats().executions.fetch_add(1, std::memory_order_relaxed);
   torch::jit::drop(stack, num_inputs_);
   for (size_t j = 0; j < output_port_.size(); ++j) stack.emplace_back(outs[output_port_[j]]);
+}
+
+namespace {
+
+void collect_group_ids(const torch::jit::Block* b, std::unordered_set<int64_t>& out) {
+  for (const Node* n : b->nodes()) {
+    for (const auto* inner : n->blocks()) collect_group_ids(inner, out);
+    if (n->kind() == kFusionGroup && n->hasAttribute(kGroupId)) out.insert(n->i(kGroupId));
+    auto fn = n->kind() == c10::prim::Constant ? n->output()->type()->cast<c10::FunctionType>() : nullptr;
+    if (fn) {  // a guard's fallback: the executor may have optimized (and fused) it on its own
+      auto& executor = torch::jit::toGraphFunction(*fn->function()).get_executor();
+      if (executor.isOptimized()) {
+        auto state = executor.getDebugState();
+        for (const auto& [spec, plan] : state.execution_plans) collect_group_ids(plan.graph->block(), out);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t release_compiled_partitions(const torch::jit::Graph* g) {
+  std::unordered_set<int64_t> ids;
+  if (g) collect_group_ids(g->block(), ids);
+  int64_t before = runtime::stats().cached_partitions.load();
+  std::lock_guard<std::mutex> lock(g_kernels_mutex);
+  for (auto& [id, kernel] : g_kernels)
+    if (!g || ids.count(id)) kernel->release();
+  return before - runtime::stats().cached_partitions.load();
 }
 
 namespace {
@@ -272,7 +358,7 @@ bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
 // such inputs run unfused. LLGA tensors come from groups whose own inputs passed this check.
 // Dense tensors are scanned in memory order (the order does not matter for "any").
 bool all_finite(const at::Tensor& t) {
-  if (is_llga_tensor(t)) return true;
+  if (is_llga_tensor(t) || !at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
   if (t.is_non_overlapping_and_dense()) {
     int64_t n = t.numel();
     if (t.scalar_type() == at::kFloat) {

@@ -3,6 +3,7 @@
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
@@ -322,7 +323,74 @@ bool to_dtype(const Node* n, OpSpec& s) {
   return in && out && *in != *out && unary(n, s);
 }
 
+// ---- int8: Quantize/Dequantize (u8/s8 tensors appear nowhere else in the table) ------------
+
+bool has_dtype(const Value* v, c10::ScalarType want) {
+  auto t = v->type()->cast<TensorType>();
+  return t && t->scalarType() == want;
+}
+
+bool per_tensor(OpSpec& s, double scale, int64_t zero_point) {
+  s.attr(A::qtype, std::string("per_tensor")).attr(A::axis, int64_t{0})
+      .attr(A::scales, std::vector<float>{static_cast<float>(scale)}).attr(A::zps, Ints{zero_point});
+  return true;
+}
+
+bool quantize(const Node* n, OpSpec& s) {
+  auto q = quantize_params(n);
+  auto out = n->output()->type()->expect<TensorType>()->scalarType();
+  if (!q || !has_dtype(n->input(0), c10::kFloat) || (out != c10::kQUInt8 && out != c10::kQInt8)) return false;
+  s.in(n->input(0));
+  return per_tensor(s, q->scale, q->zero_point);
+}
+
+// A frozen quantized weight: its int data goes to oneDNN as a constant s8 tensor and its quantization
+// parameters become the Dequantize's attributes. oneDNN's int8 kernels take symmetric s8 weights only.
+bool dequantize_weight(const at::Tensor& w, OpSpec& s) {
+  if (w.scalar_type() != c10::kQInt8) return false;
+  if (w.qscheme() == c10::kPerTensorAffine) return w.q_zero_point() == 0 && per_tensor(s, w.q_scale(), 0);
+  // Per channel along dim 0 only: the output channels of conv (OIX) and linear ([out, in]) weights,
+  // the one per-channel form oneDNN's int8 kernels take.
+  if (w.qscheme() != c10::kPerChannelAffine || w.q_per_channel_axis() != 0) return false;
+  auto zps = w.q_per_channel_zero_points().contiguous();
+  auto scales = w.q_per_channel_scales().to(c10::kFloat).contiguous();
+  const int64_t* zp = zps.data_ptr<int64_t>();
+  if (std::any_of(zp, zp + zps.numel(), [](int64_t z) { return z != 0; })) return false;
+  const float* sc = scales.data_ptr<float>();
+  s.attr(A::qtype, std::string("per_channel")).attr(A::axis, int64_t{0})
+      .attr(A::scales, std::vector<float>(sc, sc + scales.numel())).attr(A::zps, Ints(static_cast<size_t>(scales.numel()), 0));
+  return true;
+}
+
+bool dequantize(const Node* n, OpSpec& s) {
+  if (!has_dtype(n->output(), c10::kFloat)) return false;
+  if (!has_dtype(n->input(0), c10::kQUInt8) && !has_dtype(n->input(0), c10::kQInt8)) return false;
+  s.in(n->input(0));
+  if (n->hasAttribute(kQuantScale) && n->hasAttribute(kQuantZeroPoint))  // recorded by PrepareQuantization
+    return per_tensor(s, n->f(kQuantScale), n->i(kQuantZeroPoint));
+  auto c = toIValue(n->input(0));
+  return c && c->isTensor() && dequantize_weight(c->toTensor(), s);
+}
+
 }  // namespace
+
+std::optional<QuantParams> quantize_params(const Node* n) {
+  if (n->kind() != c10::aten::quantize_per_tensor || n->inputs().size() != 4) return std::nullopt;
+  auto scale = toIValue(n->input(1)), zp = toIValue(n->input(2));
+  if (!scale || !zp) return std::nullopt;
+  // quantize_per_tensor takes them as numbers or (the overload FX's reference models trace to) as
+  // one-element tensors.
+  std::optional<QuantParams> q;
+  if (scale->isTensor() && zp->isTensor()) {
+    const at::Tensor &s = scale->toTensor(), &z = zp->toTensor();
+    if (s.numel() == 1 && z.numel() == 1 && s.is_floating_point() && !z.is_floating_point() && !z.is_quantized())
+      q = QuantParams{s.item<double>(), z.item<int64_t>()};
+  } else if (scale->isDouble() && zp->isInt()) {
+    q = QuantParams{scale->toDouble(), zp->toInt()};
+  }
+  if (q && !(std::isfinite(static_cast<float>(q->scale)) && q->scale > 0)) return std::nullopt;
+  return q;
+}
 
 const std::vector<OpEntry>& op_table() {
   static const std::vector<OpEntry> table = {
@@ -384,6 +452,13 @@ const std::vector<OpEntry>& op_table() {
       {"aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", K::StaticReshape, kNone, reshape},
       {"aten::flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", K::StaticReshape, kNone, reshape},
       {"aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> Tensor(a)", K::Reorder, kShapePreserving, contiguous},
+      // int8: FX's reference quantized models (quantize -> dequantize around fp32 ops); oneDNN
+      // fuses dequantize -> conv/matmul/pool -> post-ops -> quantize into int8 kernels.
+      {"aten::quantize_per_tensor(Tensor self, float scale, int zero_point, ScalarType dtype) -> Tensor",
+       K::Quantize, kShapePreserving | kCastsDtype, quantize},
+      {"aten::quantize_per_tensor.tensor_qparams(Tensor self, Tensor scale, Tensor zero_point, ScalarType dtype) -> Tensor",
+       K::Quantize, kShapePreserving | kCastsDtype, quantize},
+      {"aten::dequantize.self(Tensor self) -> Tensor", K::Dequantize, kShapePreserving | kCastsDtype, dequantize},
       {"aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)",
        K::TypeCast, kShapePreserving | kCastsDtype, to_dtype},
   };
@@ -413,7 +488,8 @@ bool supported_tensor(const Value* v) {
   if (!to_dnnl_dtype(*t->scalarType())) return false;
   auto s = t->sizes().concrete_sizes();
   auto st = t->strides().concrete_sizes();
-  if (!s || !st || s->empty()) return false;  // 0-dim and unprofiled tensors stay in PyTorch
+  if (!s || !st) return false;  // unprofiled
+  if (s->empty()) return v->node()->kind() == c10::prim::Constant;  // a 0-dim constant is a [1] to oneDNN
   for (auto d : *s)
     if (d == 0) return false;  // empty tensors
   return true;
@@ -425,6 +501,9 @@ std::optional<dnnl::graph::logical_tensor::data_type> to_dnnl_dtype(c10::ScalarT
   switch (t) {
     case c10::ScalarType::Float: return dt::f32;
     case c10::ScalarType::BFloat16: return dt::bf16;
+    // A quantized tensor's memory holds its int data; scale and zero point travel as op attributes.
+    case c10::ScalarType::QUInt8: return dt::u8;
+    case c10::ScalarType::QInt8: return dt::s8;
     default: return std::nullopt;
   }
 }
@@ -459,11 +538,37 @@ std::optional<OpSpec> map_node(const Node* n) {
   spec.kind = e->kind;
   if (!e->build(n, spec)) return std::nullopt;
   auto out_dtype = n->output()->type()->expect<TensorType>()->scalarType();
+  // Only Quantize and Dequantize know a quantized tensor's scale and zero point: any other op would
+  // read its int data as if it were the values.
+  bool quant_op = e->kind == K::Quantize || e->kind == K::Dequantize;
+  if (!quant_op && c10::isQIntType(*out_dtype)) return std::nullopt;
   for (const Value* v : spec.inputs) {
     if (!supported_tensor(v)) return std::nullopt;
+    if (!quant_op && c10::isQIntType(*v->type()->expect<TensorType>()->scalarType())) return std::nullopt;
     if (!(e->flags & kCastsDtype) && v->type()->expect<TensorType>()->scalarType() != out_dtype) return std::nullopt;
   }
   return spec;
+}
+
+std::string unmapped_reason(const Node* n) {
+  const OpEntry* e = find_entry(n);
+  if (!e) return table_has_kind(n->kind()) ? "no oneDNN mapping for this overload" : "no oneDNN mapping";
+  if (n->outputs().size() != 1) return "more than one output";
+  std::vector<const Value*> tensors{n->output()};
+  for (const Value* v : n->inputs())
+    if (is_tensor(v)) tensors.push_back(v);
+  for (const Value* v : tensors) {
+    auto t = v->type()->expect<TensorType>();
+    if (!t->device() || !t->scalarType() || !t->sizes().concrete_sizes()) return "sizes or dtype not profiled";
+    if (!t->device()->is_cpu()) return "not on CPU";
+    if (!to_dnnl_dtype(*t->scalarType()))
+      return std::string("dtype ") + c10::toString(*t->scalarType()) + " not supported (float, bfloat16 are)";
+    if (t->numel() == 0) return "empty tensor";
+    if (t->sizes().concrete_sizes()->empty() && v->node()->kind() != c10::prim::Constant) return "0-dim tensor";
+  }
+  if (!non_tensor_inputs_constant(n)) return "an argument computed at run time (guards check tensors only)";
+  if (!map_node(n)) return "arguments outside the mapping's conditions (op_table.cpp)";
+  return "";
 }
 
 bool is_tensor(const Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }

@@ -62,10 +62,26 @@ const OpEntry* find_entry(const Node* n);
 // and the common ones: CPU, fp32/bf16, fully profiled (complete) sizes and strides, no empty tensors.
 std::optional<OpSpec> map_node(const Node* n);
 
+// Why map_node(n) gives nothing, in words for torch_llga.explain(); empty if n maps.
+std::string unmapped_reason(const Node* n);
+
 // Whether an op of this kind (ignoring the overload) appears in the table.
 bool table_has_kind(c10::Symbol kind);
 
+// fp32/bf16, and the quantized dtypes as their int data (quint8 -> u8, qint8 -> s8).
 std::optional<dnnl::graph::logical_tensor::data_type> to_dnnl_dtype(c10::ScalarType t);
+
+// The scale and zero point of an aten::quantize_per_tensor node, if they are constants.
+struct QuantParams {
+  double scale;
+  int64_t zero_point;
+};
+std::optional<QuantParams> quantize_params(const Node* n);
+
+// A dequantize's input quantization parameters, recorded on the node by PrepareQuantization from
+// the quantize that produced the input (the dequantize may later sit in a group without it).
+inline const c10::Symbol kQuantScale = c10::Symbol::attr("llga_scale");
+inline const c10::Symbol kQuantZeroPoint = c10::Symbol::attr("llga_zero_point");
 
 bool is_tensor(const Value* v);
 

@@ -16,12 +16,18 @@ inline const c10::Symbol kFusionGroup = c10::Symbol::fromQualString("llga::Fusio
 inline const c10::Symbol kGuard = c10::Symbol::fromQualString("llga::Guard");
 // Attributes of a fusion group node.
 inline const c10::Symbol kOpaqueOutputs = c10::Symbol::attr("opaque_outputs");    // ints: 1 = may stay opaque
+// Attribute of a group: a process-unique id that survives graph copies (the executor runs a copy),
+// so torch_llga.release(module) finds the kernels of a module's groups.
+inline const c10::Symbol kGroupId = c10::Symbol::attr("group_id");
+// Attribute of an op the fuser left to PyTorch: why (torch_llga.explain() reads it).
+inline const c10::Symbol kUnfusedReason = c10::Symbol::attr("llga_unfused");
 // Attribute of a guard: its group may be compiled for other input sizes of the same ranks.
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm -> mapped ops
 void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1
+void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use
 void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops
 void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque

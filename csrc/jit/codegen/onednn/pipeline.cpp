@@ -4,6 +4,7 @@
 #include <torch/csrc/jit/passes/pass_manager.h>
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/runtime/profiling_record.h>
 
 #include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/runtime.h"
@@ -18,6 +19,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   RemoveMutation(g);
   DecomposeOps(g);
   PrepareBinary(g);
+  PrepareQuantization(g);
   DeferSizeCheck(g);
   FuseGraph(g);
   PropagateLayout(g);
@@ -29,6 +31,15 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
 
 namespace {
 const auto registered = torch::jit::registerPrePass([](std::shared_ptr<Graph>& g) { RunPipeline(g); });
+
+// The executor profiles the tensors TensorExpr ops read and write; quantize_per_tensor and dequantize
+// are not among them, so the quantized tensors between them would reach us without sizes or dtype.
+const bool profiled_quantization = [] {
+  torch::jit::RegisterProfilingNode([](const Node* n) {
+    return n->kind() == c10::aten::quantize_per_tensor || n->kind() == c10::aten::dequantize;
+  });
+  return true;
+}();
 }  // namespace
 
 }  // namespace llga

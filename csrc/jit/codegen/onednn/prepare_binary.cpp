@@ -1,10 +1,11 @@
 // Binary ops as oneDNN wants them: both operands tensors of the output's dtype, no alpha.
-//   x + s, x * s (Scalar s)        -> x + tensor([s]) of x's dtype   (alpha folded into s)
-//   x + y * alpha (Tensor y)       -> x + (y * tensor([alpha]))
-//   x op c (0-dim constant tensor) -> x op tensor([c]) of x's dtype
+//   x + s, x * s (Scalar s)        -> x + tensor(s) of x's dtype   (alpha folded into s)
+//   x + y * alpha (Tensor y)       -> x + (y * tensor(alpha))
+//   x op c (0-dim constant tensor) -> x op tensor(c) of x's dtype
 //   x + 0, x - 0, x * 1, x / 1     -> x
-// Only where x is a profiled floating tensor of rank >= 1, so PyTorch's type promotion gives x's
-// dtype and the [1]-shaped constant broadcasts exactly like the scalar did.
+// Only where x is a profiled floating tensor of rank >= 1. The constants are 0-dim, so PyTorch
+// treats them like the scalars they replace (type promotion, broadcasting, any device) when a
+// guard sends other inputs to the unfused fallback; oneDNN sees them as [1]-shaped.
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
 
@@ -45,7 +46,7 @@ std::optional<double> number(const Value* v) {
 Value* tensor_constant(Node* before, double value, const Value* like) {
   auto dtype = *like->type()->expect<TensorType>()->scalarType();
   torch::jit::WithInsertPoint guard(before);
-  return before->owningGraph()->insertConstant(at::full({1}, value, at::TensorOptions().dtype(dtype)));
+  return before->owningGraph()->insertConstant(at::scalar_tensor(value, at::TensorOptions().dtype(dtype)));
 }
 
 // Replaces n by `x kind c` with tensor c; returns the new node.

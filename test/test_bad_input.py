@@ -1,0 +1,113 @@
+"""Inputs a fused module was not built for: each runs as PyTorch would run it (same result, or
+PyTorch's own error), never a crash or a wrong number."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_llga
+
+from conftest import FP32, check
+
+
+def conv_net():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3),
+                         nn.Hardtanh(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4), nn.ReLU()).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_inf_propagate_like_eager(dtype, value):
+    # oneDNN's ReLU, Clamp and max-pool would turn NaN into numbers: such inputs run unfused.
+    model = conv_net().to(dtype)
+    x = torch.randn(1, 3, 16, 16, dtype=dtype)
+    tol = FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)  # bf16: 8-bit mantissa
+    fused = check(model, x, **tol)
+    assert len(fused.groups) >= 2
+    bad = x.clone()
+    bad[0, 1, 5, 5] = value
+    before = torch_llga.stats()
+    with torch.no_grad():
+        expected = model(bad)
+        for _ in range(3):
+            torch.testing.assert_close(fused(bad), expected, equal_nan=True, **tol)
+        torch.testing.assert_close(fused(x), model(x), **tol)  # finite inputs still run fused
+    after = torch_llga.stats()
+    assert after["nonfinite_fallbacks"] > before["nonfinite_fallbacks"]
+    assert expected.isnan().any() or expected.isinf().any()  # the test would be vacuous otherwise
+
+
+def chain(a):
+    return torch.relu(a * 2.0 + 1.0) * a
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.int32, torch.bool])
+def test_other_dtypes_run_in_pytorch(dtype):
+    x = torch.randn(64, 64, 64)  # 256K elements: the chain is worth a group
+    fused = check(chain, x, groups=[["mul", "add", "relu", "mul"]])
+    other = (torch.randn(64, 64, 64) * 10).to(dtype)
+    before = torch_llga.stats()
+    for _ in range(3):
+        got, expected = fused(other), chain(other)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, **FP32)
+    assert torch_llga.stats()["guard_failures"] - before["guard_failures"] >= 1
+
+
+def test_complex_input_gets_pytorchs_error():
+    fused = check(chain, torch.randn(64, 64, 64), groups=[["mul", "add", "relu", "mul"]])
+    z = torch.randn(64, 64, 64, dtype=torch.complex64)
+    with pytest.raises(RuntimeError) as eager:
+        chain(z)
+    with pytest.raises(RuntimeError) as ours:
+        fused(z)
+    assert str(eager.value).splitlines()[0] in str(ours.value)
+
+
+def test_meta_tensor_runs_in_pytorch():
+    fused = check(chain, torch.randn(64, 64, 64), groups=[["mul", "add", "relu", "mul"]])
+    meta = torch.empty(64, 64, 64, device="meta")
+    for _ in range(3):
+        out = fused(meta)
+        assert out.device.type == "meta" and out.shape == meta.shape
+    # With CPU weights, a meta input fails in eager PyTorch: the fused module gives the same error.
+    model = conv_net()
+    fused = check(model, torch.randn(1, 3, 16, 16), **FP32)
+    with pytest.raises(RuntimeError, match="meta"):
+        model(torch.empty(1, 3, 16, 16, device="meta"))
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="meta"):
+            fused(torch.empty(1, 3, 16, 16, device="meta"))
+
+
+def test_requires_grad_input_takes_the_unfused_path():
+    model = conv_net()
+    x = torch.randn(1, 3, 16, 16)
+    fused = check(model, x, **FP32)
+    before = torch_llga.stats()
+    for _ in range(3):
+        a = x.clone().requires_grad_()
+        b = x.clone().requires_grad_()
+        out = fused.module(a)  # grad mode on
+        torch.testing.assert_close(out, model(b), **FP32)
+        out.sum().backward()
+        model(b).sum().backward()
+        torch.testing.assert_close(a.grad, b.grad, **FP32)
+    assert torch_llga.stats()["executions"] == before["executions"]
+
+
+def test_training_mode_is_not_fused():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.0)).train()
+    x = torch.randn(2, 3, 12, 12)
+    with torch_llga.enabled():
+        traced = torch.jit.trace(model, x)  # shares model's parameters and buffers
+        reference = copy.deepcopy(model)
+        for _ in range(3):
+            out = traced(x)
+            torch.testing.assert_close(out, reference(x), **FP32)
+        graph = torch.jit.last_executed_optimized_graph()
+    assert not graph.findAllNodes("llga::FusionGroup", True)
+    torch.testing.assert_close(model[1].running_mean, reference[1].running_mean, **FP32)
+    out.sum().backward()
+    assert model[0].weight.grad is not None

@@ -1,0 +1,46 @@
+"""bf16: models cast with .to(torch.bfloat16), and models traced under torch.autocast (the JIT's own
+autocast pass off), run as bf16 partitions with the casts at their borders."""
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+
+import torch_llga
+
+from conftest import check
+
+# bf16 keeps 8 bits of mantissa: one rounding is ~0.4% relative, and fused kernels round at other
+# points than eager's op-by-op kernels (accumulation stays fp32 in both).
+BF16 = dict(rtol=3e-2, atol=3e-2)
+
+
+@pytest.fixture
+def jit_autocast_off():
+    previous = torch._C._jit_set_autocast_mode(False)
+    yield
+    torch._C._jit_set_autocast_mode(previous)
+
+
+def test_model_cast_to_bf16():
+    model = torchvision.models.resnet18().eval().to(torch.bfloat16)
+    x = torch.randn(1, 3, 64, 64, dtype=torch.bfloat16)
+    fused = check(model, x, **BF16)
+    assert len(fused.groups) >= 10 and ["_convolution", "add", "relu"] in fused.groups
+    assert fused.output.dtype == torch.bfloat16
+
+
+def test_model_traced_under_autocast(jit_autocast_off):
+    model = torchvision.models.resnet18().eval().requires_grad_(False)  # autocast's casts of
+    x = torch.randn(1, 3, 64, 64)                                        # grad params cannot be constants
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x)
+        traced = torch.jit.freeze(torch.jit.trace(model, x, check_trace=False))
+    report = torch_llga.explain(traced, x, verbose=False)
+    assert ["_convolution", "add", "relu"] in [g["ops"] for g in report.groups]
+    assert all(i.startswith("bfloat16") for g in report.groups for i in g["inputs"])  # bf16 partitions
+    assert ("to", "cheap ops too small to pay for a group (fewer than 3, or under 256K elements)") in report.unfused
+    assert report.fused_share >= 0.85  # left: the casts, the classifier's pooling and flatten
+    with torch.no_grad():
+        out = traced(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, **BF16)
