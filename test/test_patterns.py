@@ -112,3 +112,16 @@ def test_binary_post_ops_onednn_gets_wrong(op, fn, out_shape):
     check(lambda a, b: fn(a) + b, x, torch.randn(out_shape), groups=[[op]])
     check(lambda a, b: fn(a) * b, x, torch.randn(1, 5, 1, 1), groups=[[op]])
     check(lambda a: fn(a) * 0.5, x, groups=[[op, "mul"]])
+
+
+def test_bf16_batch_norm_only_after_conv():
+    # oneDNN v3.2 runs a bf16 batch norm after a matmul reading its bf16 statistics as f32: garbage
+    # (found by fuzzing). After a conv it is folded in correctly.
+    bn = nn.BatchNorm1d(8).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bf16 = dict(rtol=1.6e-2, atol=1e-2)  # bf16 rounding of outputs around 4
+    check(nn.Sequential(nn.Linear(16, 8), bn).bfloat16(), torch.randn(4, 16).bfloat16(), freeze=False,
+          groups=[["linear"]], **bf16)
+    check(ConvBnRelu().bfloat16(), torch.randn(1, 3, 16, 16).bfloat16(), freeze=False,
+          groups=[["_convolution", "batch_norm", "relu"]], **bf16)
