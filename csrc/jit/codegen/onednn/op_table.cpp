@@ -65,20 +65,26 @@ std::optional<Ints> spatial(std::optional<Ints> v, size_t n) {
 bool unary(const Node* n, OpSpec& s) { s.in(n->input(0)); return true; }
 bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); return true; }
 
-// Binary post-ops oneDNN v3.2 computes wrongly (found by fuzzing): after max/avg pooling with an
-// output-sized operand (its AVX-512 kernel; right with ONEDNN_MAX_CPU_ISA=AVX2), after softmax with
-// some broadcast operands ([3,5,8] * [1,5,1]: garbage; a lower-rank one fails to compile). A
-// shape-free group may meet any operand shape later, so such an op stays in PyTorch unless its
-// other operand is a constant scalar (x * 0.5), which fuses correctly.
+// Binary post-ops oneDNN v3.2 computes wrongly (found by fuzzing), which stay in PyTorch:
+// - after max/avg pooling with an output-sized operand (its AVX-512 kernel; right with
+//   ONEDNN_MAX_CPU_ISA=AVX2), after softmax with some broadcast operands ([3,5,8] * [1,5,1]:
+//   garbage; a lower-rank one fails to compile). A shape-free group may meet any operand shape
+//   later, so only a constant scalar operand (x * 0.5) is let through there;
+// - after a batched matmul, an operand broadcast along the last dim ([3,2,8] + [1,2,1]).
 bool unsafe_post_op(const Node* n) {
+  Ints out = sizes(n->output());
   for (size_t i = 0; i < 2; ++i) {
     auto producer = n->input(i)->node()->kind();
-    if (producer != c10::aten::max_pool2d && producer != c10::aten::avg_pool2d && producer != c10::aten::softmax &&
-        producer != c10::aten::log_softmax)
-      continue;
     const Value* other = n->input(1 - i);
     auto t = other->type()->cast<TensorType>();
-    if (other->node()->kind() != c10::prim::Constant || !t || t->numel() != 1) return true;
+    bool constant_scalar = other->node()->kind() == c10::prim::Constant && t && t->numel() == 1;
+    if ((producer == c10::aten::max_pool2d || producer == c10::aten::avg_pool2d || producer == c10::aten::softmax ||
+         producer == c10::aten::log_softmax) && !constant_scalar)
+      return true;
+    if (producer == c10::aten::linear || producer == c10::aten::matmul || producer == c10::aten::bmm) {
+      Ints o = sizes(other);
+      if (out.size() >= 3 && out.back() > 1 && !o.empty() && o.back() == 1 && !(t && t->numel() == 1)) return true;
+    }
   }
   return false;
 }
