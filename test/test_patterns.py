@@ -99,11 +99,38 @@ def test_mlp_chain():
     assert [opaque_outputs(g) for g in fused.graph.findAllNodes("llga::FusionGroup", True)] == [[1], [1], [0]]
 
 
-@pytest.mark.parametrize("pool", ["max_pool2d", "avg_pool2d"])
-def test_pool_then_add(pool):
-    # oneDNN v3.2's AVX-512 pooling kernel gets a fused binary post-op wrong when the other operand
-    # is output-sized (found by fuzzing): that add stays in PyTorch; a per-channel one still fuses.
-    fn = getattr(F, pool)
-    x = torch.randn(2, 8, 8, 8)
-    check(lambda a, b: fn(a, 2, 2) + b, x, torch.randn(2, 8, 4, 4), groups=[[pool]])
-    check(lambda a, b: fn(a, 2, 2) + b, x, torch.randn(1, 8, 1, 1), groups=[[pool, "add"]])
+@pytest.mark.parametrize("op,fn,out_shape", [
+    ("max_pool2d", lambda a: F.max_pool2d(a, 2), (3, 5, 4, 4)),
+    ("avg_pool2d", lambda a: F.avg_pool2d(a, 2), (3, 5, 4, 4)),
+    ("softmax", lambda a: F.softmax(a, -1), (3, 5, 8, 8)),
+])
+def test_binary_post_ops_onednn_gets_wrong(op, fn, out_shape):
+    # oneDNN v3.2 computes a binary post-op of pooling with an output-sized operand, and of softmax
+    # with some broadcast ones (x * [1, 5, 1]), wrongly (found by fuzzing): such an op stays in
+    # PyTorch; a constant scalar still fuses.
+    x = torch.randn(3, 5, 8, 8)
+    check(lambda a, b: fn(a) + b, x, torch.randn(out_shape), groups=[[op]])
+    check(lambda a, b: fn(a) * b, x, torch.randn(1, 5, 1, 1), groups=[[op]])
+    check(lambda a: fn(a) * 0.5, x, groups=[[op, "mul"]])
+
+
+def test_bf16_batch_norm_only_after_conv():
+    # oneDNN v3.2 runs a bf16 batch norm after a matmul reading its bf16 statistics as f32: garbage
+    # (found by fuzzing). After a conv it is folded in correctly.
+    bn = nn.BatchNorm1d(8).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bf16 = dict(rtol=1.6e-2, atol=1e-2)  # bf16 rounding of outputs around 4
+    check(nn.Sequential(nn.Linear(16, 8), bn).bfloat16(), torch.randn(4, 16).bfloat16(), freeze=False,
+          groups=[["linear"]], **bf16)
+    check(ConvBnRelu().bfloat16(), torch.randn(1, 3, 16, 16).bfloat16(), freeze=False,
+          groups=[["_convolution", "batch_norm", "relu"]], **bf16)
+
+
+def test_batched_matmul_then_per_row_add():
+    # oneDNN v3.2 adds an operand broadcast along the last dim wrongly after a batched matmul
+    # ([3, 2, 8] + [1, 2, 1]; found by fuzzing): that add stays in PyTorch; a bias still fuses.
+    model = nn.Linear(2, 8).requires_grad_(False)
+    x = torch.randn(3, 2, 2)
+    check(lambda a, b: model(a) + b, x, torch.randn(1, 2, 1), groups=[["linear"]])
+    check(lambda a, b: model(a) + b, x, torch.randn(8), groups=[["linear", "add"]])

@@ -65,21 +65,30 @@ std::optional<Ints> spatial(std::optional<Ints> v, size_t n) {
 bool unary(const Node* n, OpSpec& s) { s.in(n->input(0)); return true; }
 bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); return true; }
 
-// oneDNN v3.2's AVX-512 pooling kernel computes a fused binary post-op wrongly when the other
-// operand is as large as the output (garbage or other elements' values; right with
-// ONEDNN_MAX_CPU_ISA=AVX2; found by fuzzing). Such an op stays in PyTorch; a broadcast operand (a
-// scalar, per channel) fuses correctly.
-bool full_operand_after_pool(const Node* n) {
-  auto out = n->output()->type()->cast<TensorType>();
+// Binary post-ops oneDNN v3.2 computes wrongly (found by fuzzing), which stay in PyTorch:
+// - after max/avg pooling with an output-sized operand (its AVX-512 kernel; right with
+//   ONEDNN_MAX_CPU_ISA=AVX2), after softmax with some broadcast operands ([3,5,8] * [1,5,1]:
+//   garbage; a lower-rank one fails to compile). A shape-free group may meet any operand shape
+//   later, so only a constant scalar operand (x * 0.5) is let through there;
+// - after a batched matmul, an operand broadcast along the last dim ([3,2,8] + [1,2,1]).
+bool unsafe_post_op(const Node* n) {
+  Ints out = sizes(n->output());
   for (size_t i = 0; i < 2; ++i) {
     auto producer = n->input(i)->node()->kind();
-    if (producer != c10::aten::max_pool2d && producer != c10::aten::avg_pool2d) continue;
-    auto other = n->input(1 - i)->type()->cast<TensorType>();
-    if (!other || !out || !other->numel() || !out->numel() || *other->numel() == *out->numel()) return true;
+    const Value* other = n->input(1 - i);
+    auto t = other->type()->cast<TensorType>();
+    bool constant_scalar = other->node()->kind() == c10::prim::Constant && t && t->numel() == 1;
+    if ((producer == c10::aten::max_pool2d || producer == c10::aten::avg_pool2d || producer == c10::aten::softmax ||
+         producer == c10::aten::log_softmax) && !constant_scalar)
+      return true;
+    if (producer == c10::aten::linear || producer == c10::aten::matmul || producer == c10::aten::bmm) {
+      Ints o = sizes(other);
+      if (out.size() >= 3 && out.back() > 1 && !o.empty() && o.back() == 1 && !(t && t->numel() == 1)) return true;
+    }
   }
   return false;
 }
-bool elementwise_binary(const Node* n, OpSpec& s) { return !full_operand_after_pool(n) && binary(n, s); }
+bool elementwise_binary(const Node* n, OpSpec& s) { return !unsafe_post_op(n) && binary(n, s); }
 bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split out by prepare_binary
   auto alpha = scalar_arg(n, 2);
   return alpha && *alpha == 1 && elementwise_binary(n, s);
@@ -103,8 +112,17 @@ bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
   return true;
 }
 
+bool after_convolution(const Value* v) {
+  auto k = v->node()->kind();
+  return k == c10::aten::_convolution || k == c10::aten::conv1d || k == c10::aten::conv2d || k == c10::aten::conv3d;
+}
+
 bool batch_norm(const Node* n, OpSpec& s) {
   if (bool_arg(n, 5).value_or(true) || rank(n->input(0)) < 2) return false;  // inference only
+  // oneDNN v3.2 folds a bf16 batch norm into a convolution correctly, but runs one after a matmul
+  // as its own primitive reading the bf16 statistics as f32: garbage (found by fuzzing).
+  auto dtype = n->input(0)->type()->expect<TensorType>()->scalarType();
+  if (dtype == c10::ScalarType::BFloat16 && !after_convolution(n->input(0))) return false;
   for (size_t i = 1; i <= 4; ++i)
     if (is_none(n, i) || rank(n->input(i)) != 1) return false;
   auto eps = scalar_arg(n, 7);
