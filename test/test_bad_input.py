@@ -38,6 +38,37 @@ def test_nan_and_inf_propagate_like_eager(dtype, value):
     assert expected.isnan().any() or expected.isinf().any()  # the test would be vacuous otherwise
 
 
+class LinearAdd(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+
+    def forward(self, x, residual):
+        return self.linear(x) + residual
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_inf_through_arithmetic_groups_run_fused(dtype, value):
+    # Matmul, bias and add carry NaN/Inf as eager does: such groups skip the input scan.
+    model = LinearAdd().to(dtype)
+    x, r = torch.randn(1, 32, 64, dtype=dtype), torch.randn(1, 32, 64, dtype=dtype)
+    tol = FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)  # bf16: 8-bit mantissa
+    fused = check(model, x, r, groups=[["linear", "add"]], **tol)
+    for bad_x, bad_r in [(x.clone(), r), (x, r.clone())]:
+        (bad_x if bad_x is not x else bad_r)[0, 3, 5] = value
+        before = torch_llga.stats()
+        with torch.no_grad():
+            expected = model(bad_x, bad_r)
+            got = fused(bad_x, bad_r)
+        after = torch_llga.stats()
+        torch.testing.assert_close(got, expected, equal_nan=True, **tol)
+        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf())
+        assert after["nonfinite_fallbacks"] == before["nonfinite_fallbacks"]
+        assert after["executions"] == before["executions"] + 1
+        assert expected.isnan().any() or expected.isinf().any()
+
+
 def chain(a):
     return torch.relu(a * 2.0 + 1.0) * a
 

@@ -9,8 +9,8 @@
 //     block0(): %y.1 = llga::FusionGroup(%x.checked, %weight)      -> fused
 //     block1(): %y.2 = prim::FallbackGraph(%x.checked, %weight)    -> the unfused ops, which the
 //                                                                    executor profiles on its own
-// The guard also sends inputs holding NaN or Inf to the fallback (oneDNN's ReLU, Clamp and
-// max-pool turn NaN into numbers; eager propagates it). On a mismatch it turns any LLGA (opaque)
+// The guard also sends inputs holding NaN or Inf to the fallback when the group has an op that may
+// turn them into numbers (oneDNN's ReLU, Clamp and max-pool do; eager propagates them). On a mismatch it turns any LLGA (opaque)
 // tensor into a strided one for the fallback.
 #include <torch/csrc/jit/ir/ir.h>
 
@@ -39,6 +39,16 @@ bool shape_free(const Node* group) {
   return true;
 }
 
+// Whether NaN/Inf inputs must be kept from the group: some op in it may turn them into numbers.
+bool needs_finite_inputs(const Node* group) {
+  for (const Node* n : group->g(c10::attr::Subgraph)->nodes()) {
+    if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct) continue;
+    const OpEntry* entry = find_entry(n);
+    if (!entry || !(entry->flags & kKeepsNaN)) return true;
+  }
+  return false;
+}
+
 void insert_guard(Node* group) {
   static std::atomic<int64_t> next_group_id{0};
   group->i_(kGroupId, next_group_id++);
@@ -54,6 +64,7 @@ void insert_guard(Node* group) {
   Node* guard = g->create(kGuard, checked, checked.size() + 1)->insertBefore(group);
   guard->tys_(c10::attr::types, types);
   guard->i_(kShapeFree, shape_free(group));
+  guard->i_(kFiniteInputs, needs_finite_inputs(group));
   std::unordered_map<Value*, Value*> checked_value;
   for (size_t i = 0; i < checked.size(); ++i) {
     guard->output(i)->setType(checked[i]->type());

@@ -354,25 +354,31 @@ bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
   return t.sizes() == *expected.sizes().concrete_sizes();
 }
 
-// No NaN or Inf in t. oneDNN's ReLU, Clamp and max-pool turn NaN into numbers (eager keeps it), so
-// such inputs run unfused. LLGA tensors come from groups whose own inputs passed this check.
-// Dense tensors are scanned in memory order (the order does not matter for "any").
+// Any Inf or NaN (exponent all ones) among n values of this bit width? Adding one to the exponent
+// of |x| carries into the sign bit exactly then; OR-ing the sums is plain integer work, which the
+// compiler vectorizes at -O2 in fixed-size blocks (the scan runs on every checked input of every call).
+template <typename Bits>
+bool any_nonfinite(const Bits* bits, int64_t n) {
+  constexpr int kMantissa = sizeof(Bits) == 4 ? 23 : 7;  // fp32, bf16
+  constexpr Bits kSign = Bits(1) << (sizeof(Bits) * 8 - 1);
+  constexpr Bits kExpOne = Bits(1) << kMantissa;
+  constexpr int64_t kBlock = 64;
+  Bits acc = 0;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) acc |= static_cast<Bits>((bits[i + j] & ~kSign) + kExpOne);
+  for (; i < n; ++i) acc |= static_cast<Bits>((bits[i] & ~kSign) + kExpOne);
+  return acc & kSign;
+}
+
+// No NaN or Inf in t, for groups with an op that would turn them into numbers (kFiniteInputs).
+// LLGA tensors come from groups whose own inputs passed this check. Dense tensors are scanned in
+// memory order (the order does not matter for "any").
 bool all_finite(const at::Tensor& t) {
   if (is_llga_tensor(t) || !at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
   if (t.is_non_overlapping_and_dense()) {
-    int64_t n = t.numel();
-    if (t.scalar_type() == at::kFloat) {
-      const auto* bits = static_cast<const uint32_t*>(t.const_data_ptr());
-      uint32_t bad = 0;
-      for (int64_t i = 0; i < n; ++i) bad |= (~bits[i] & 0x7f800000u) == 0;  // exponent all ones
-      return !bad;
-    }
-    if (t.scalar_type() == at::kBFloat16) {
-      const auto* bits = static_cast<const uint16_t*>(t.const_data_ptr());
-      uint32_t bad = 0;
-      for (int64_t i = 0; i < n; ++i) bad |= (~bits[i] & 0x7f80u) == 0;
-      return !bad;
-    }
+    if (t.scalar_type() == at::kFloat) return !any_nonfinite(static_cast<const uint32_t*>(t.const_data_ptr()), t.numel());
+    if (t.scalar_type() == at::kBFloat16) return !any_nonfinite(static_cast<const uint16_t*>(t.const_data_ptr()), t.numel());
   }
   return at::isfinite(t).all().item<bool>();
 }
@@ -381,13 +387,14 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
   std::vector<torch::jit::TensorTypePtr> expected;
   for (const auto& type : node->tys(c10::attr::types)) expected.push_back(type->expect<TensorType>());
   bool shape_free = node->hasAttribute(kShapeFree) && node->i(kShapeFree);
-  return [expected, shape_free](Stack& stack) {
+  bool finite_inputs = !node->hasAttribute(kFiniteInputs) || node->i(kFiniteInputs);
+  return [expected, shape_free, finite_inputs](Stack& stack) {
     size_t n = expected.size();
     auto inputs = torch::jit::last(stack, n);
     bool any_sizes = shape_free && runtime::shape_policy() == runtime::ShapePolicy::kCompile;
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes);
-    if (ok) {
+    if (ok && finite_inputs) {
       for (size_t i = 0; i < n && ok; ++i) ok = all_finite(inputs[i].toTensor());
       if (!ok) runtime::stats().nonfinite_fallbacks.fetch_add(1, std::memory_order_relaxed);
     }

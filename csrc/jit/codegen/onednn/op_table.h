@@ -38,6 +38,10 @@ enum OpFlags : unsigned {
   kWorthAlone = 1u << 0,        // a partition of this op alone is still worth a group (compute-bound)
   kShapePreserving = 1u << 1,   // output has the input's sizes: aten::size may read the input instead
   kCastsDtype = 1u << 2,        // input and output dtypes differ by design (TypeCast)
+  // NaN/Inf in, NaN/Inf out where eager has them (arithmetic and data movement): a group of only
+  // such ops needs no scan of its inputs. Activations, pooling, softmax and norms do not: oneDNN's
+  // ReLU, Clamp and max-pool (and its polynomial approximations) can turn NaN into numbers.
+  kKeepsNaN = 1u << 3,
 };
 
 struct OpEntry {

@@ -23,6 +23,8 @@ inline const c10::Symbol kGroupId = c10::Symbol::attr("group_id");
 inline const c10::Symbol kUnfusedReason = c10::Symbol::attr("llga_unfused");
 // Attribute of a guard: its group may be compiled for other input sizes of the same ranks.
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
+// On a guard: its group's inputs must hold no NaN/Inf (scanned at run time); see kKeepsNaN.
+inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm -> mapped ops
