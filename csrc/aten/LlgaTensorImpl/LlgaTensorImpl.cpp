@@ -22,7 +22,10 @@ at::Tensor empty_llga(const dnnl::graph::logical_tensor& desc, c10::ScalarType d
 }
 
 bool is_llga_tensor(const at::Tensor& t) {
-  return t.defined() && dynamic_cast<const LlgaTensorImpl*>(t.unsafeGetTensorImpl()) != nullptr;
+  // The dispatch key first: a cheap test that rejects every ordinary tensor (it runs several times
+  // per group input per call); PyTorch's own mkldnn tensors share the key, hence the cast.
+  return t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::MkldnnCPU) &&
+         dynamic_cast<const LlgaTensorImpl*>(t.unsafeGetTensorImpl()) != nullptr;
 }
 
 const LlgaTensorImpl& llga_impl(const at::Tensor& t) {

@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/runtime/interpreter.h>
 
 #include <ATen/Tensor.h>
+#include <c10/util/SmallVector.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
 #include "jit/codegen/onednn/op_table.h"
@@ -39,12 +40,17 @@ class FusionKernel {
     dnnl::graph::compiled_partition partition;
     bool fallback = false;  // oneDNN could not compile this: run the unfused subgraph
     std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
+    // Made once; each call only points them at its tensors' memory (under execute_mutex).
+    std::vector<dnnl::graph::tensor> in_tensors, out_tensors;
   };
 
+  using Inputs = c10::SmallVector<at::Tensor, 8>;
+  using Key = c10::SmallVector<int64_t, 64>;
+
   // Shared: another thread may evict the entry from the cache while this one executes it.
-  std::shared_ptr<Compiled> compiled_for(const std::vector<at::Tensor>& inputs);
-  void compile(Compiled& c, const std::vector<at::Tensor>& inputs);
-  void run_fallback(torch::jit::Stack& stack, std::vector<at::Tensor>& inputs);
+  std::shared_ptr<Compiled> compiled_for(const Inputs& inputs);
+  void compile(Compiled& c, const Inputs& inputs);
+  void run_fallback(torch::jit::Stack& stack);
 
   std::shared_ptr<torch::jit::Graph> subgraph_;
   int64_t group_id_ = -1;

@@ -41,7 +41,8 @@ std::vector<int64_t> unit_dims_dense(c10::IntArrayRef sizes, c10::IntArrayRef st
   return r;
 }
 
-void append_key(std::vector<int64_t>& key, const at::Tensor& t) {
+template <typename Key>
+void append_key(Key& key, const at::Tensor& t) {
   key.push_back(static_cast<int64_t>(t.scalar_type()));
   if (is_llga_tensor(t)) {
     const auto& d = llga_impl(t).desc();
@@ -193,7 +194,7 @@ void FusionKernel::release() {
   cache_.clear();  // a call executing one now holds its own reference
 }
 
-void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
+void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
   for (size_t p = 0; p < in_port_id_.size(); ++p) {
     bool constant = in_port_input_[p] == kConstantPort;
     const at::Tensor& t = constant ? in_port_constant_[p] : inputs[in_port_input_[p]];
@@ -230,6 +231,8 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
       c.out_strides.push_back(c.outputs[p].get_layout_type() == logical_tensor::layout_type::strided
                                   ? c.outputs[p].get_strides() : std::vector<int64_t>{});
     }
+    for (const auto& lt : c.inputs) c.in_tensors.emplace_back(lt, runtime::engine(), nullptr);
+    for (const auto& lt : c.outputs) c.out_tensors.emplace_back(lt, runtime::engine(), nullptr);
     GRAPH_DEBUG("Compiled a partition of ", partition_.get_ops_num(), " ops for ", c.inputs.size(), " inputs; outputs: ",
                 describe_layouts(c.outputs));
   } catch (const dnnl::error& e) {
@@ -238,14 +241,13 @@ void FusionKernel::compile(Compiled& c, const std::vector<at::Tensor>& inputs) {
   }
 }
 
-std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const std::vector<at::Tensor>& inputs) {
-  std::vector<int64_t> key;
-  key.reserve(in_port_input_.size() * 10);
+std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const Inputs& inputs) {
+  Key key;
   for (size_t i : in_port_input_)
     if (i != kConstantPort) append_key(key, inputs[i]);
   std::lock_guard<std::mutex> lock(cache_mutex_);
   for (auto it = cache_.begin(); it != cache_.end(); ++it) {
-    if ((*it)->key == key) {
+    if (std::equal(key.begin(), key.end(), (*it)->key.begin(), (*it)->key.end())) {
       if (it != cache_.begin()) cache_.splice(cache_.begin(), cache_, it);
       return cache_.front();
     }
@@ -255,13 +257,13 @@ std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const std::ve
     runtime::stats().evictions.fetch_add(1, std::memory_order_relaxed);
   }
   auto c = std::make_shared<Compiled>();
-  c->key = std::move(key);
+  c->key.assign(key.begin(), key.end());
   compile(*c, inputs);
   cache_.push_front(c);
   return c;
 }
 
-void FusionKernel::run_fallback(Stack& stack, std::vector<at::Tensor>& inputs) {
+void FusionKernel::run_fallback(Stack& stack) {
   runtime::stats().kernel_fallbacks.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(cache_mutex_);
@@ -275,35 +277,33 @@ void FusionKernel::run_fallback(Stack& stack, std::vector<at::Tensor>& inputs) {
   torch::jit::InterpreterState(*fallback_code_).run(stack);
 }
 
+// The per-call path: no graph work, no strings; the cache lookup compares a key built on the stack,
+// oneDNN's tensor objects are reused, and the only allocations are the outputs' memory.
 void FusionKernel::run(Stack& stack) {
-  std::vector<at::Tensor> inputs;
-  inputs.reserve(num_inputs_);
+  if (whole_fallback_) return run_fallback(stack);
+  Inputs inputs;
   for (auto& v : torch::jit::last(stack, num_inputs_)) inputs.push_back(v.isTensor() ? readable(v.toTensor()) : at::Tensor());
-  if (whole_fallback_) return run_fallback(stack, inputs);
   std::shared_ptr<Compiled> compiled = compiled_for(inputs);
   Compiled& c = *compiled;
-  if (c.fallback) return run_fallback(stack, inputs);
+  if (c.fallback) return run_fallback(stack);
 
-  std::vector<at::Tensor> outs;
-  std::vector<dnnl::graph::tensor> in_tensors, out_tensors;
-  for (size_t p = 0; p < c.inputs.size(); ++p)
-    in_tensors.emplace_back(c.inputs[p], runtime::engine(),
-                            data_of(in_port_input_[p] == kConstantPort ? in_port_constant_[p] : inputs[in_port_input_[p]]));
+  c10::SmallVector<at::Tensor, 4> outs;
   for (size_t p = 0; p < c.outputs.size(); ++p) {
     const auto& lt = c.outputs[p];
     // An output only groups read is an LLGA tensor whatever layout oneDNN chose (blocked, or a
     // strided one such as NHWC): the next group reads its layout from it, and guards accept it.
     const auto& q = out_qparams_[p];
-    at::Tensor t = opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
+    outs.push_back(opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
                    : q ? at::_empty_affine_quantized(c.out_sizes[p], at::TensorOptions().dtype(out_dtypes_[p]), q->scale,
                                                      q->zero_point, memory_format_of(c.out_sizes[p], c.out_strides[p]))
-                       : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p]));
-    out_tensors.emplace_back(lt, runtime::engine(), data_of(t));
-    outs.push_back(std::move(t));
+                       : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p])));
   }
   {
     std::lock_guard<std::mutex> lock(c.execute_mutex);
-    c.partition.execute(runtime::stream(), in_tensors, out_tensors);
+    for (size_t p = 0; p < c.in_tensors.size(); ++p)
+      c.in_tensors[p].set_data_handle(data_of(in_port_input_[p] == kConstantPort ? in_port_constant_[p] : inputs[in_port_input_[p]]));
+    for (size_t p = 0; p < c.out_tensors.size(); ++p) c.out_tensors[p].set_data_handle(data_of(outs[p]));
+    c.partition.execute(runtime::stream(), c.in_tensors, c.out_tensors);
   }
   runtime::stats().executions.fetch_add(1, std::memory_order_relaxed);
   torch::jit::drop(stack, num_inputs_);
