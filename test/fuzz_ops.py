@@ -161,6 +161,7 @@ UNARY = [
     Unary("tanh", torch.tanh, kinds=ANY),
     Unary("exp", torch.exp, lip=lambda x, o, p: mag(o), kinds=ANY),
     Unary("hardswish", F.hardswish, lip=1.5, c=4),
+    Unary("hardsigmoid", F.hardsigmoid, lip=0.17, c=4),
     Unary("silu", F.silu, lip=1.1, disc=_silu_disc),
     Unary("square", torch.square, "ieee", lip=lambda x, o, p: 2 * mag(x), kinds=ANY),
     Unary("pow2", lambda x: x.pow(2.0), "ieee", lip=lambda x, o, p: 2 * mag(x), code="{0}.pow(2.0)"),
@@ -794,6 +795,7 @@ INPLACE_UNARY = {
     "elu": lambda x, p: F.elu(x, inplace=True, **p),
     "silu": lambda x, p: F.silu(x, inplace=True),
     "hardswish": lambda x, p: F.hardswish(x, inplace=True),
+    "hardsigmoid": lambda x, p: F.hardsigmoid(x, inplace=True),
 }
 
 

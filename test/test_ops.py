@@ -28,6 +28,7 @@ UNARY = [
     ("clamp", lambda a: a.clamp(min=0.1), x),
     ("clamp", lambda a: a.clamp(max=0.1), x),
     ("hardswish", F.hardswish, x),
+    ("hardsigmoid", F.hardsigmoid, x * 4),
     ("exp", torch.exp, x),
     ("log", torch.log, pos),
     ("sqrt", torch.sqrt, pos),

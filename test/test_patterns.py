@@ -134,3 +134,12 @@ def test_batched_matmul_then_per_row_add():
     x = torch.randn(3, 2, 2)
     check(lambda a, b: model(a) + b, x, torch.randn(1, 2, 1), groups=[["linear"]])
     check(lambda a, b: model(a) + b, x, torch.randn(8), groups=[["linear", "add"]])
+
+
+@pytest.mark.parametrize("shape", [(1, 72, 28, 28), (2, 40, 7, 7)])
+def test_squeeze_excitation_hardsigmoid(shape):
+    # MobileNetV3's block: the scale conv, its hardsigmoid and the channel-wise mul form one partition.
+    from torchvision.ops import SqueezeExcitation
+
+    block = SqueezeExcitation(shape[1], 24, scale_activation=nn.Hardsigmoid)
+    check(block, torch.randn(*shape), groups=[["_convolution", "relu"], ["_convolution", "hardsigmoid", "mul"]])

@@ -452,6 +452,8 @@ const std::vector<OpEntry>& op_table() {
        [](const Node* n, OpSpec& s) { return clamp_to(s, n->input(0), 0.0, 6.0); }},
       {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", K::Clamp, kShapePreserving, clamp},
       {"aten::hardswish(Tensor self) -> Tensor", K::HardSwish, kShapePreserving, unary},
+      {"aten::hardsigmoid(Tensor self) -> Tensor", K::HardSigmoid, kShapePreserving,  // clamp(x / 6 + 1/2, 0, 1)
+       [](const Node* n, OpSpec& s) { s.in(n->input(0)).attr(A::alpha, 1.0f / 6.0f).attr(A::beta, 0.5f); return true; }},
       {"aten::exp(Tensor self) -> Tensor", K::Exp, kShapePreserving, unary},
       {"aten::log(Tensor self) -> Tensor", K::Log, kShapePreserving, unary},
       {"aten::sqrt(Tensor self) -> Tensor", K::Sqrt, kShapePreserving, unary},
