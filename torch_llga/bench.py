@@ -166,7 +166,9 @@ def bench_model(name, backends, args):
     repeat = max(1, min(1000, int(5.0 / max(once, 1e-3))))
     for r in range(args.rounds):
         progress(f"{name}: round {r + 1}/{args.rounds}")
-        for backend in ready:
+        # The order rotates each round: a backend timed right after another pays for what that one
+        # left in the caches (measurable on microsecond models), and no backend always does.
+        for backend in ready[r % len(ready):] + ready[:r % len(ready)]:
             row["results"][backend.name]["times"].append(backend.time_ms(repeat))
     for backend in ready:
         res = row["results"][backend.name]
