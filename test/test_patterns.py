@@ -143,3 +143,33 @@ def test_squeeze_excitation_hardsigmoid(shape):
 
     block = SqueezeExcitation(shape[1], 24, scale_activation=nn.Hardsigmoid)
     check(block, torch.randn(*shape), groups=[["_convolution", "relu"], ["_convolution", "hardsigmoid", "mul"]])
+
+
+class SelfAttention(nn.Module):
+    """A ViT encoder block's attention half: layer norm, then self-attention."""
+
+    def __init__(self, need_weights=False, mask=None):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        self.attention = nn.MultiheadAttention(64, 4, batch_first=True)
+        self.need_weights, self.mask = need_weights, mask
+
+    def forward(self, x):
+        x = self.norm(x)
+        out, weights = self.attention(x, x, x, need_weights=self.need_weights, attn_mask=self.mask)
+        return (out, weights) if self.need_weights else out
+
+
+def test_multi_head_self_attention_projections_fuse():
+    # The inference fast path (one aten::_native_multi_head_attention) is spelled out so that its
+    # projections run as oneDNN matmuls; the attention itself stays PyTorch's SDPA kernel.
+    fused = check(SelfAttention(), torch.randn(2, 10, 64), groups=[["layer_norm"], ["linear"], ["linear"]])
+    assert "aten::scaled_dot_product_attention" in str(fused.graph)
+    assert "aten::_native_multi_head_attention" not in str(fused.graph)
+
+
+@pytest.mark.parametrize("need_weights,mask", [(True, None), (False, torch.ones(10, 10, dtype=torch.bool).triu(1))])
+def test_multi_head_attention_with_weights_or_mask_stays_whole(need_weights, mask):
+    # The attention weights read, or a mask: the fast path's op stays as it is.
+    fused = check(SelfAttention(need_weights, mask), torch.randn(2, 10, 64), groups=[["layer_norm"]])
+    assert not any("scaled_dot_product_attention" in str(n) for n in fused.graph.nodes())
