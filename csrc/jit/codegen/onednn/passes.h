@@ -27,7 +27,7 @@ inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
-void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm -> mapped ops
+void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm, MHA fast path -> mapped ops
 void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1
 void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use
 void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops
