@@ -12,6 +12,9 @@ on the small CNN, 2-3 on ResNet-18, and closer to the fp32 model than the refere
 scale, zero point, axis or layout is off by tens of steps.
 """
 import collections
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -197,3 +200,25 @@ def test_resnet18_int8():
     for g in fused.groups:  # every group is an int8 kernel: int8 in, int8 out
         assert "dequantize" in g and "quantize_per_tensor" in g, g
     assert "linear" in ops and "max_pool2d" in ops
+
+
+def test_int8_kernels_are_not_reference_ones():
+    # A channels-last int8 tensor with N = 1 once reached oneDNN with an N stride that made it read
+    # the layout as "cdab": int8 max-pool then ran its reference kernel (ResNet-18 int8 3x slower).
+    code = f"""
+import sys, torch, torch_llga
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_int8 import SmallCNN, quantized
+x = torch.randn(1, 3, 16, 16)
+ref = quantized(SmallCNN(), x)
+torch_llga.enable()
+with torch.no_grad():
+    m = torch.jit.freeze(torch.jit.trace(ref, x))
+    for _ in range(3):
+        m(x)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ONEDNN_VERBOSE": "1"}, capture_output=True,
+                         text=True, check=True).stdout
+    executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,exec,")]  # torch's own: "v1,"
+    assert any(",pooling," in line for line in executions)
+    assert not [line for line in executions if ",ref:" in line]

@@ -32,9 +32,29 @@ at::Tensor readable(const at::Tensor& t) {
   return t.contiguous();
 }
 
-// A size-1 dim's stride addresses nothing, but oneDNN v3.2 crashes compiling a binary op whose
-// operand has one other than the dense stride (a [1] slice of stride 2; found by fuzzing): use that.
+// Dense in this order of dims (outermost first), ignoring size-1 dims: PyTorch's own test.
+bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initializer_list<size_t> order) {
+  int64_t expected = 1;
+  for (auto d = std::rbegin(order); d != std::rend(order); ++d) {
+    if (sizes[*d] == 1) continue;
+    if (strides[*d] != expected) return false;
+    expected *= sizes[*d];
+  }
+  return true;
+}
+
+// A size-1 dim's stride addresses nothing, but oneDNN reads the layout from all strides: v3.2
+// crashes compiling a binary op whose operand has an odd one (a [1] slice of stride 2; found by
+// fuzzing), and a channels-last tensor with N = 1 whose N stride is not the outermost one reads as
+// "cdab", for which int8 max-pool has only its reference kernel (100x slower). Dense tensors
+// (contiguous or channels-last) get that format's own strides; others the next dim's extent.
 std::vector<int64_t> unit_dims_dense(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  if (std::find(sizes.begin(), sizes.end(), 1) == sizes.end()) return strides.vec();
+  auto contiguous = [&] { auto s = c10::contiguous_strides(sizes); return std::vector<int64_t>(s.begin(), s.end()); };
+  if (sizes.size() == 4 && dense_in_order(sizes, strides, {0, 1, 2, 3})) return contiguous();
+  if (sizes.size() == 4 && dense_in_order(sizes, strides, {0, 2, 3, 1})) return c10::get_channels_last_strides_2d(sizes);
+  if (sizes.size() == 5 && dense_in_order(sizes, strides, {0, 1, 2, 3, 4})) return contiguous();
+  if (sizes.size() == 5 && dense_in_order(sizes, strides, {0, 2, 3, 4, 1})) return c10::get_channels_last_strides_3d(sizes);
   std::vector<int64_t> r(strides.begin(), strides.end());
   for (size_t d = r.size(); d-- > 0;)
     if (sizes[d] == 1) r[d] = d + 1 < r.size() ? r[d + 1] * std::max<int64_t>(sizes[d + 1], 1) : 1;
