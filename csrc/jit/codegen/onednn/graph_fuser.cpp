@@ -106,15 +106,47 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
   }
 }
 
+// oneDNN v3.2 computes max/avg pooling with a binary post-op on its output wrongly (its AVX-512
+// kernel; found by fuzzing) unless the other operand is a constant scalar. The same binary op may
+// rightly be a convolution's post-op instead (ResNet's residual add reads a max-pool output), so
+// this looks at the partitions oneDNN formed: the binary ops sharing one with the pooling they read.
+std::vector<Node*> pooling_post_ops(const BuiltGraph& built) {
+  std::vector<Node*> found;
+  for (const auto& p : built.partitions) {
+    if (!p.is_supported()) continue;
+    auto nodes = built.nodes_of(p);
+    std::unordered_set<const Node*> members(nodes.begin(), nodes.end());
+    for (Node* n : nodes) {
+      auto k = n->kind();
+      if (k != c10::aten::add && k != c10::aten::sub && k != c10::aten::mul && k != c10::aten::div) continue;
+      for (size_t i = 0; i < 2; ++i) {
+        const Node* producer = n->input(i)->node();
+        auto other = n->input(1 - i)->type()->cast<torch::jit::TensorType>();
+        bool constant_scalar = n->input(1 - i)->node()->kind() == c10::prim::Constant && other && other->numel() == 1;
+        bool pooling = producer->kind() == c10::aten::max_pool2d || producer->kind() == c10::aten::avg_pool2d;
+        if (pooling && members.count(producer) && !constant_scalar) found.push_back(n);
+      }
+    }
+  }
+  return found;
+}
+
 void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& groups) {
   for (Node* n : block->nodes())
     for (auto* b : n->blocks()) fuse_block(b, db, groups);
 
   BuildOptions opts;
+  std::unordered_set<const Node*> excluded;
   // A node whose tensors are written in place elsewhere keeps its place in program order.
-  opts.may_map = [&](const Node* n) { return !db.hasWriters(n); };
+  opts.may_map = [&](const Node* n) { return !db.hasWriters(n) && !excluded.count(n); };
   BuiltGraph built = build_graph(block, opts);
+  for (auto bad = pooling_post_ops(built); !bad.empty(); bad = pooling_post_ops(built)) {
+    excluded.insert(bad.begin(), bad.end());  // each round excludes more nodes: it ends
+    built = build_graph(block, opts);
+  }
   mark_unmapped(block, built, db);
+  for (const Node* n : excluded)
+    const_cast<Node*>(n)->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN v3.2 computes that post-op wrongly");
 
   std::vector<std::vector<Node*>> partitions;
   for (const auto& p : built.partitions) {

@@ -66,11 +66,12 @@ bool unary(const Node* n, OpSpec& s) { s.in(n->input(0)); return true; }
 bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); return true; }
 
 // Binary post-ops oneDNN v3.2 computes wrongly (found by fuzzing), which stay in PyTorch:
-// - after max/avg pooling with an output-sized operand (its AVX-512 kernel; right with
-//   ONEDNN_MAX_CPU_ISA=AVX2), after softmax with some broadcast operands ([3,5,8] * [1,5,1]:
-//   garbage; a lower-rank one fails to compile). A shape-free group may meet any operand shape
-//   later, so only a constant scalar operand (x * 0.5) is let through there;
+// - after softmax with some broadcast operands ([3,5,8] * [1,5,1]: garbage; a lower-rank one fails
+//   to compile). A shape-free group may meet any operand shape later, so only a constant scalar
+//   operand (x * 0.5) is let through there;
 // - after a batched matmul, an operand broadcast along the last dim ([3,2,8] + [1,2,1]).
+// (After max/avg pooling too, but only when oneDNN puts the two in one partition: the fuser checks
+// the partitions it gets, see graph_fuser.cpp, so a conv may still take such an op as its post-op.)
 bool unsafe_post_op(const Node* n) {
   Ints out = sizes(n->output());
   for (size_t i = 0; i < 2; ++i) {
@@ -78,8 +79,7 @@ bool unsafe_post_op(const Node* n) {
     const Value* other = n->input(1 - i);
     auto t = other->type()->cast<TensorType>();
     bool constant_scalar = other->node()->kind() == c10::prim::Constant && t && t->numel() == 1;
-    if ((producer == c10::aten::max_pool2d || producer == c10::aten::avg_pool2d || producer == c10::aten::softmax ||
-         producer == c10::aten::log_softmax) && !constant_scalar)
+    if ((producer == c10::aten::softmax || producer == c10::aten::log_softmax) && !constant_scalar)
       return true;
     if (producer == c10::aten::linear || producer == c10::aten::matmul || producer == c10::aten::bmm) {
       Ints o = sizes(other);
