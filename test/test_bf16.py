@@ -44,3 +44,20 @@ def test_model_traced_under_autocast(jit_autocast_off):
         out = traced(x)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected, **BF16)
+
+
+class LinearAddFp32InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 8).to(torch.bfloat16)
+        self.register_buffer("offset", torch.tensor([0.5]))  # fp32
+
+    def forward(self, x):
+        return self.linear(x).add_(self.offset)
+
+
+def test_in_place_add_of_an_fp32_tensor_stays_bf16():
+    # In place, a bf16 tensor plus an fp32 one stays bf16; the functional add would promote to fp32
+    # (found by fuzzing): such an in-place op is left as it is.
+    fused = check(LinearAddFp32InPlace(), torch.randn(3, 4, dtype=torch.bfloat16), **BF16)
+    assert fused.output.dtype == torch.bfloat16

@@ -7,6 +7,24 @@
 
 namespace llga {
 
+namespace {
+// The functional form promotes dtypes (a bf16 tensor + an fp32 tensor is fp32); the in-place one
+// keeps self's (found by fuzzing). Only operands of self's dtype (or scalars) are safe to rewrite.
+// (Self may be the output of an op rewritten just before, not typed yet: its type is inferred.)
+bool keeps_dtype(const torch::jit::Node* n) {
+  bool tensor_operands = false;
+  for (size_t i = 1; i < n->inputs().size(); ++i) tensor_operands |= is_tensor(n->input(i));
+  if (!tensor_operands) return true;
+  auto self = complete_or_inferred_type(n->input(0));
+  if (!self) return false;
+  for (size_t i = 1; i < n->inputs().size(); ++i) {
+    auto t = n->input(i)->type()->cast<torch::jit::TensorType>();
+    if (t && t->scalarType() != self->scalarType()) return false;
+  }
+  return true;
+}
+}  // namespace
+
 // Traced graphs hold in-place forms (aten::relu_, aten::add_): make the ones we can map functional
 // so they can join a partition. Other mutation is left alone (and blocks fusion of what it touches).
 void RemoveMutation(std::shared_ptr<Graph>& g) {
@@ -15,7 +33,7 @@ void RemoveMutation(std::shared_ptr<Graph>& g) {
     std::string name = n->kind().toQualString();
     if (name.empty() || name.back() != '_') return false;
     auto functional = c10::Symbol::fromQualString(name.substr(0, name.size() - 1));
-    return table_has_kind(functional) || functional == c10::aten::silu || functional == c10::aten::addmm;
+    return (table_has_kind(functional) || functional == c10::aten::silu || functional == c10::aten::addmm) && keeps_dtype(n);
   });
   fill_missing_types(g->block());  // the functional nodes' outputs are new, untyped values
   GRAPH_DUMP("After RemoveMutation", g);

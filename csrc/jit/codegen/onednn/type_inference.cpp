@@ -46,6 +46,11 @@ TensorTypePtr infer(const Node* n) {
 
 }  // namespace
 
+TensorTypePtr complete_or_inferred_type(const Value* v) {
+  if (auto t = complete(v)) return t;
+  return v->node()->outputs().size() == 1 ? infer(v->node()) : nullptr;
+}
+
 void fill_missing_types(torch::jit::Block* block) {
   for (Node* n : block->nodes()) {
     for (auto* b : n->blocks()) fill_missing_types(b);

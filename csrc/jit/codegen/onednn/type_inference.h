@@ -10,4 +10,7 @@ namespace llga {
 // be derived: elementwise unary ops copy their input's type, binary ops broadcast, mm is [m, n].
 void fill_missing_types(torch::jit::Block* block);
 
+// v's complete type, or the one its producer's inputs give it (the same rules, one level), or null.
+torch::jit::TensorTypePtr complete_or_inferred_type(const torch::jit::Value* v);
+
 }  // namespace llga
