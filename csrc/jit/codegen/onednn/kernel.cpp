@@ -26,9 +26,13 @@ void* data_of(const at::Tensor& t) {
   return is_llga_tensor(t) ? llga_impl(t).data() : const_cast<void*>(t.const_data_ptr());
 }
 
-// A tensor oneDNN can read in place: LLGA, or strided without gaps or overlaps.
+// A tensor oneDNN can read in place: LLGA, or contiguous, or channels-last. Other dense layouts
+// (a transposed tensor) are copied too: oneDNN v3.2 applies a broadcast post-op along the wrong dim
+// when a binary op's inputs and output are all transposed ((a.t() * b.t()) * c: found by fuzzing).
 at::Tensor readable(const at::Tensor& t) {
-  if (is_llga_tensor(t) || t.is_non_overlapping_and_dense()) return t;
+  if (is_llga_tensor(t) || t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+      (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)))
+    return t;
   return t.contiguous();
 }
 
