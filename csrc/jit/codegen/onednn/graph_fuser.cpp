@@ -136,17 +136,18 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
     for (auto* b : n->blocks()) fuse_block(b, db, groups);
 
   BuildOptions opts;
-  std::unordered_set<const Node*> excluded;
+  std::vector<Node*> excluded;
   // A node whose tensors are written in place elsewhere keeps its place in program order.
-  opts.may_map = [&](const Node* n) { return !db.hasWriters(n) && !excluded.count(n); };
+  opts.may_map = [&](const Node* n) {
+    return !db.hasWriters(n) && std::find(excluded.begin(), excluded.end(), n) == excluded.end();
+  };
   BuiltGraph built = build_graph(block, opts);
   for (auto bad = pooling_post_ops(built); !bad.empty(); bad = pooling_post_ops(built)) {
-    excluded.insert(bad.begin(), bad.end());  // each round excludes more nodes: it ends
+    excluded.insert(excluded.end(), bad.begin(), bad.end());  // each round excludes more nodes: it ends
     built = build_graph(block, opts);
   }
   mark_unmapped(block, built, db);
-  for (const Node* n : excluded)
-    const_cast<Node*>(n)->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN v3.2 computes that post-op wrongly");
+  for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN v3.2 computes that post-op wrongly");
 
   std::vector<std::vector<Node*>> partitions;
   for (const auto& p : built.partitions) {
