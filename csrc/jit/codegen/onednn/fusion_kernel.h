@@ -37,6 +37,7 @@ class FusionKernel {
     std::vector<int64_t> key;  // per input port: dtype, layout id or -1, ndim, sizes, strides
     std::vector<dnnl::graph::logical_tensor> inputs, outputs;  // as compiled / as queried
     std::vector<std::vector<int64_t>> out_sizes, out_strides;  // per output port, for PyTorch-read outputs
+    std::vector<c10::MemoryFormat> out_formats;  // per output port: a quantized output's memory format
     dnnl::graph::compiled_partition partition;
     bool fallback = false;  // oneDNN could not compile this: run the unfused subgraph
     std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once

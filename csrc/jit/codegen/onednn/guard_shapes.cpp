@@ -10,8 +10,8 @@
 //     block1(): %y.2 = prim::FallbackGraph(%x.checked, %weight)    -> the unfused ops, which the
 //                                                                    executor profiles on its own
 // The guard also sends inputs holding NaN or Inf to the fallback when the group has an op that may
-// turn them into numbers (oneDNN's ReLU, Clamp and max-pool do; eager propagates them). On a mismatch it turns any LLGA (opaque)
-// tensor into a strided one for the fallback.
+// turn them into numbers (oneDNN's ReLU, Clamp and max-pool do; eager propagates them). On a
+// mismatch it turns any LLGA (opaque) tensor into a strided one for the fallback.
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <atomic>

@@ -254,6 +254,8 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
       c.out_sizes.push_back(c.outputs[p].get_dims());
       c.out_strides.push_back(c.outputs[p].get_layout_type() == logical_tensor::layout_type::strided
                                   ? c.outputs[p].get_strides() : std::vector<int64_t>{});
+      c.out_formats.push_back(out_qparams_[p] ? memory_format_of(c.out_sizes[p], c.out_strides[p])
+                                              : c10::MemoryFormat::Contiguous);
     }
     for (const auto& lt : c.inputs) c.in_tensors.emplace_back(lt, runtime::engine(), nullptr);
     for (const auto& lt : c.outputs) c.out_tensors.emplace_back(lt, runtime::engine(), nullptr);
@@ -319,7 +321,7 @@ void FusionKernel::run(Stack& stack) {
     const auto& q = out_qparams_[p];
     outs.push_back(opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
                    : q ? at::_empty_affine_quantized(c.out_sizes[p], at::TensorOptions().dtype(out_dtypes_[p]), q->scale,
-                                                     q->zero_point, memory_format_of(c.out_sizes[p], c.out_strides[p]))
+                                                     q->zero_point, c.out_formats[p])
                        : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p])));
   }
   {
