@@ -1,4 +1,8 @@
 """Fusion patterns from real models: the groups oneDNN v3.2 forms and their numerics."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -203,3 +207,44 @@ def test_transposed_inputs_to_binary_with_broadcast_post_op():
     fused = check(fn, torch.randn(2, 2), torch.randn(2, 2), groups=[["mul", "mul"]])
     a, b = torch.randn(2, 2).t(), torch.randn(2, 2).t()
     torch.testing.assert_close(fused(a, b), fn(a, b), rtol=1e-5, atol=1e-5)
+
+
+class TransposedConv1d(nn.Module):
+    """XML-CNN's shape: an embedding's [N, L, C] output transposed to [N, C, L] for conv1d."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(24, 8, 4, stride=2)
+
+    def forward(self, x):
+        return F.relu(self.conv(x.transpose(1, 2)))
+
+
+def test_transposed_conv1d_input_is_read_in_place():
+    x = torch.randn(2, 32, 24)
+    check(TransposedConv1d(), x, groups=[["_convolution", "relu"]])
+    # The transposed input is "nwc", the layout oneDNN's conv wants: no copy, no reorder of it.
+    code = f"""
+import sys, torch, torch_llga
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_patterns import TransposedConv1d
+x = torch.randn(2, 32, 24)
+torch_llga.enable()
+with torch.no_grad():
+    m = torch.jit.freeze(torch.jit.trace(TransposedConv1d().eval(), x))
+    for _ in range(3):
+        m(x)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ONEDNN_VERBOSE": "1"}, capture_output=True,
+                         text=True, check=True).stdout
+    executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,exec,")]
+    assert any(",convolution," in line and "src_f32::blocked:acb:" in line for line in executions)
+    assert not [line for line in executions if ",reorder," in line and "2x24x32" in line]
+
+
+def test_matmul_of_a_transposed_input():
+    fn = lambda q, k: torch.matmul(q, k.transpose(-1, -2)) / 8  # noqa: E731
+    q, k = torch.randn(2, 4, 16, 32), torch.randn(2, 4, 16, 32)
+    fused = check(fn, q, k, groups=[["matmul", "div"]])
+    k2 = torch.randn(2, 4, 32, 16).transpose(-1, -2)  # already transposed: contiguous after .transpose
+    torch.testing.assert_close(fused(q, k2), fn(q, k2), rtol=1e-5, atol=1e-5)

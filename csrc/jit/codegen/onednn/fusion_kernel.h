@@ -14,6 +14,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace llga {
@@ -55,6 +56,7 @@ class FusionKernel {
 
   std::shared_ptr<torch::jit::Graph> subgraph_;
   int64_t group_id_ = -1;
+  std::string profiler_name_;
   size_t num_inputs_ = 0;
   bool whole_fallback_ = false;  // the subgraph did not re-form one partition
   dnnl::graph::partition partition_;
@@ -66,6 +68,7 @@ class FusionKernel {
   std::vector<size_t> output_port_;      // group output -> output port
   std::vector<size_t> port_output_;      // output port -> group output
   std::vector<bool> opaque_output_;     // group output -> may stay in oneDNN's layout
+  std::vector<bool> any_dense_input_;   // group input -> read in any dense layout (see readable())
   std::vector<bool> opaque_port_;       // the same, per output port
   std::vector<std::vector<int64_t>> out_sizes_, out_strides_;
   std::vector<c10::ScalarType> out_dtypes_;

@@ -1,3 +1,4 @@
+#include <ATen/record_function.h>
 #include "jit/codegen/onednn/fusion_kernel.h"
 
 #include <ATen/ATen.h>
@@ -26,14 +27,25 @@ void* data_of(const at::Tensor& t) {
   return is_llga_tensor(t) ? llga_impl(t).data() : const_cast<void*>(t.const_data_ptr());
 }
 
-// A tensor oneDNN can read in place: LLGA, or contiguous, or channels-last. Other dense layouts
-// (a transposed tensor) are copied too: oneDNN v3.2 applies a broadcast post-op along the wrong dim
-// when a binary op's inputs and output are all transposed ((a.t() * b.t()) * c: found by fuzzing).
-at::Tensor readable(const at::Tensor& t) {
+// A tensor oneDNN can read in place: LLGA, or contiguous, or channels-last; any dense layout for
+// an input only convolutions and matmuls read (a transposed conv1d input is "nwc", the layout the
+// convolution wants: copying it cost XML-CNN three reorders). Other dense layouts (a transposed
+// tensor) are copied: oneDNN v3.2 applies a broadcast post-op along the wrong dim when a binary
+// op's inputs and output are all transposed ((a.t() * b.t()) * c: found by fuzzing).
+at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
   if (is_llga_tensor(t) || t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
-      (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)))
+      (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) || (any_dense && t.is_non_overlapping_and_dense()))
     return t;
   return t.contiguous();
+}
+
+// Whether every op in the group reading v is a convolution or a matmul (see readable()).
+bool read_by_conv_or_matmul_only(const Value* v) {
+  for (const auto& use : v->uses()) {
+    const OpEntry* e = find_entry(use.user);
+    if (!e || (e->kind != op::kind::Convolution && e->kind != op::kind::MatMul)) return false;
+  }
+  return !v->uses().empty();
 }
 
 // Dense in this order of dims (outermost first), ignoring size-1 dims: PyTorch's own test.
@@ -131,6 +143,12 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     group_id_ = node->hasAttribute(kGroupId) ? node->i(kGroupId) : -1;
     g_kernels.emplace(group_id_, this);
   }
+  // What torch.profiler shows for this group: "llga::FusionGroup[_convolution+relu]".
+  profiler_name_ = "llga::FusionGroup[";
+  for (const Node* n : subgraph_->nodes())
+    if (n->kind() != c10::prim::Constant)
+      profiler_name_ += std::string(profiler_name_.back() == '[' ? "" : "+") + n->kind().toUnqualString();
+  profiler_name_ += "]";
   auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
   for (size_t j = 0; j < node->outputs().size(); ++j) opaque_output_.push_back(j < opaque.size() && opaque[j]);
 
@@ -152,7 +170,10 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
 
   std::unordered_map<size_t, size_t> input_of_id, output_of_id;
   std::unordered_map<size_t, at::Tensor> constant_of_id;
-  for (size_t i = 0; i < subgraph_->inputs().size(); ++i) input_of_id[subgraph_->inputs()[i]->unique()] = i;
+  for (size_t i = 0; i < subgraph_->inputs().size(); ++i) {
+    input_of_id[subgraph_->inputs()[i]->unique()] = i;
+    any_dense_input_.push_back(read_by_conv_or_matmul_only(subgraph_->inputs()[i]));
+  }
   for (size_t j = 0; j < subgraph_->outputs().size(); ++j) output_of_id[subgraph_->outputs()[j]->unique()] = j;
   for (Node* n : subgraph_->nodes())
     if (n->kind() == c10::prim::Constant && is_tensor(n->output()))
@@ -306,9 +327,12 @@ void FusionKernel::run_fallback(Stack& stack) {
 // The per-call path: no graph work, no strings; the cache lookup compares a key built on the stack,
 // oneDNN's tensor objects are reused, and the only allocations are the outputs' memory.
 void FusionKernel::run(Stack& stack) {
+  RECORD_FUNCTION(profiler_name_, c10::ArrayRef<const c10::IValue>{});  // a flag test unless profiling
   if (whole_fallback_) return run_fallback(stack);
   Inputs inputs;
-  for (auto& v : torch::jit::last(stack, num_inputs_)) inputs.push_back(v.isTensor() ? readable(v.toTensor()) : at::Tensor());
+  auto args = torch::jit::last(stack, num_inputs_);
+  for (size_t i = 0; i < num_inputs_; ++i)
+    inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), any_dense_input_[i]) : at::Tensor());
   std::shared_ptr<Compiled> compiled = compiled_for(inputs);
   Compiled& c = *compiled;
   if (c.fallback) return run_fallback(stack);
