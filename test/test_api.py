@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import torch_llga
-from conftest import check, fusion_groups
+from conftest import Fused, check, fusion_groups
 
 
 def test_enable_disable():
@@ -93,3 +93,15 @@ with torch.no_grad():
                  "Fusion group of [aten::_convolution, aten::relu]", "After FuseGraph", "After PropagateLayout",
                  "After InsertGuards"]:
         assert line in out.stderr, line
+
+
+def test_profiler_shows_each_group_with_its_ops():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    fused = Fused(model, (torch.randn(4, 64),))
+    assert fused.groups == [["linear", "relu"], ["linear"]]
+    from torch.profiler import profile
+
+    with profile() as prof:
+        fused(torch.randn(4, 64))
+    names = [e.key for e in prof.key_averages()]
+    assert "llga::FusionGroup[linear+relu]" in names and "llga::FusionGroup[linear]" in names
