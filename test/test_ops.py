@@ -97,6 +97,20 @@ def test_add_zero_and_mul_one_are_removed():
     assert "add" not in fused.unfused and "mul" not in fused.unfused
 
 
+def test_mul_one_whose_result_is_written_in_place_is_a_copy():
+    # Removing `1.0 * a` made the add_ write into the caller's input, and the linear read that
+    # (found by fuzzing). The traced 0.5 is a 0-dim double tensor: add_ still becomes functional.
+    w = torch.randn(8, 4)
+
+    def f(a):
+        b = 1.0 * a
+        return b.add_(0.5), F.linear(a, w)
+    a = torch.randn(2, 4)
+    kept = a.clone()
+    fused = check(f, a, groups=[["linear"]])
+    assert torch.equal(a, kept)
+
+
 big = torch.randn(512, 512)  # 256K elements: a chain of cheap ops pays for a group from here
 
 

@@ -2,14 +2,18 @@
 //   x + s, x * s (Scalar s)        -> x + tensor(s) of x's dtype   (alpha folded into s)
 //   x + y * alpha (Tensor y)       -> x + (y * tensor(alpha))
 //   x op c (0-dim constant tensor) -> x op tensor(c) of x's dtype
-//   x + 0, x - 0, x * 1, x / 1     -> x
+//   x + 0, x - 0, x * 1, x / 1     -> x   (unless x or the result is written in place: the
+//                                         result would alias x, and a write to one reach the other)
 // Only where x is a profiled floating tensor of rank >= 1. The constants are 0-dim, so PyTorch
 // treats them like the scalars they replace (type promotion, broadcasting, any device) when a
 // guard sends other inputs to the unfused fallback; oneDNN sees them as [1]-shaped.
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
 
 #include <ATen/ATen.h>
+
+#include <unordered_set>
 
 #include "jit/codegen/onednn/passes.h"
 
@@ -49,20 +53,34 @@ Value* tensor_constant(Node* before, double value, const Value* like) {
   return before->owningGraph()->insertConstant(at::scalar_tensor(value, at::TensorOptions().dtype(dtype)));
 }
 
+// The values some op writes to in place (or that alias such a value), before this pass.
+using Written = std::unordered_set<const Value*>;
+
+void collect_written(Block* block, torch::jit::AliasDb& db, Written& written) {
+  for (const Value* v : block->inputs())
+    if (db.hasWriters(v)) written.insert(v);
+  for (Node* n : block->nodes()) {
+    for (auto* b : n->blocks()) collect_written(b, db, written);
+    for (const Value* v : n->outputs())
+      if (db.hasWriters(v)) written.insert(v);
+  }
+}
+
 // Replaces n by `x kind c` with tensor c; returns the new node.
-Node* replace_with_tensor_op(Node* n, Value* x, Value* c) {
+Node* replace_with_tensor_op(Node* n, Value* x, Value* c, Written& written) {
   torch::jit::WithInsertPoint guard(n);
   Value* r = n->owningGraph()->insert(n->kind(), {x, c});
   r->setType(n->output()->type());
+  if (written.count(n->output())) written.insert(r);
   n->output()->replaceAllUsesWith(r);
   n->destroy();
   return r->node();
 }
 
-void prepare(Block* block) {
+void prepare(Block* block, Written& written) {
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     Node* n = *it++;
-    for (auto* b : n->blocks()) prepare(b);
+    for (auto* b : n->blocks()) prepare(b, written);
     if (!is_binary(n) || n->outputs().size() != 1) continue;
     Value* x = n->input(0);
     Value* y = n->input(1);
@@ -77,11 +95,11 @@ void prepare(Block* block) {
     if (auto s = number(y)) {  // Tensor op Scalar
       double v = *s * alpha;
       bool identity = (has_alpha(n) && v == 0) || (!has_alpha(n) && v == 1);
-      if (identity) {
+      if (identity && !written.count(x) && !written.count(n->output())) {
         n->output()->replaceAllUsesWith(x);
         n->destroy();
       } else {
-        replace_with_tensor_op(n, x, tensor_constant(n, v, x));
+        replace_with_tensor_op(n, x, tensor_constant(n, v, x), written);
       }
       continue;
     }
@@ -90,7 +108,7 @@ void prepare(Block* block) {
     if (auto c = torch::jit::toIValue(y); c && c->isTensor() && c->toTensor().dim() == 0 &&
                                             c->toTensor().is_floating_point()) {  // 0-dim constant
       double v = c->toTensor().item<double>() * alpha;
-      replace_with_tensor_op(n, x, tensor_constant(n, v, x));
+      replace_with_tensor_op(n, x, tensor_constant(n, v, x), written);
       continue;
     }
     if (alpha != 1 && y->type()->cast<TensorType>()->scalarType() == x->type()->expect<TensorType>()->scalarType()) {
@@ -106,7 +124,12 @@ void prepare(Block* block) {
 }  // namespace
 
 void PrepareBinary(std::shared_ptr<Graph>& g) {
-  prepare(g->block());
+  Written written;
+  {
+    torch::jit::AliasDb db(g);
+    collect_written(g->block(), db, written);
+  }
+  prepare(g->block(), written);
   GRAPH_DUMP("After PrepareBinary", g);
 }
 
