@@ -138,15 +138,25 @@ def test_batched_matmul_then_per_row_add():
     x = torch.randn(3, 2, 2)
     check(lambda a, b: model(a) + b, x, torch.randn(1, 2, 1), groups=[["linear"]])
     check(lambda a, b: model(a) + b, x, torch.randn(8), groups=[["linear", "add"]])
+    # The same with a post-op between; traced where the matmul is not yet batched ([1, 1, 2, 2]),
+    # then called with a batch (fuzzing found this one at the new size).
+    c = torch.randn(1, 2, 1)
+    fn = lambda a: torch.relu(model(a)) * c  # noqa: E731
+    fused = check(fn, torch.randn(1, 1, 2, 2), groups=[["linear", "relu"]])
+    x = torch.randn(2, 2, 2, 2)
+    torch.testing.assert_close(fused(x), fn(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(1, 72, 28, 28), (2, 40, 7, 7)])
 def test_squeeze_excitation_hardsigmoid(shape):
     # MobileNetV3's block: the scale conv, its hardsigmoid and the channel-wise mul form one partition.
+    # The global average pool is a group too: in a network its input is a conv's output, which then
+    # stays in oneDNN's layout (no reorder to plain for PyTorch's pool and back for the mul).
     from torchvision.ops import SqueezeExcitation
 
     block = SqueezeExcitation(shape[1], 24, scale_activation=nn.Hardsigmoid)
-    check(block, torch.randn(*shape), groups=[["_convolution", "relu"], ["_convolution", "hardsigmoid", "mul"]])
+    check(block, torch.randn(*shape),
+          groups=[["adaptive_avg_pool2d"], ["_convolution", "relu"], ["_convolution", "hardsigmoid", "mul"]])
 
 
 class SelfAttention(nn.Module):
@@ -248,3 +258,25 @@ def test_matmul_of_a_transposed_input():
     fused = check(fn, q, k, groups=[["matmul", "div"]])
     k2 = torch.randn(2, 4, 32, 16).transpose(-1, -2)  # already transposed: contiguous after .transpose
     torch.testing.assert_close(fused(q, k2), fn(q, k2), rtol=1e-5, atol=1e-5)
+
+
+class ConvHead(nn.Module):
+    """A CNN's end: conv + relu, global average pool, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(8, 32, 3), nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 1), 1))
+
+
+def test_global_average_pool_reads_the_conv_output_in_onednn_layout():
+    model = ConvHead()
+    fused = check(model, torch.randn(2, 8, 9, 9), groups=[["_convolution", "relu"], ["adaptive_avg_pool2d"], ["linear"]])
+    conv_group = fused.graph.findNode("llga::FusionGroup")
+    assert opaque_outputs(conv_group) == [1]  # only the pool's group reads it: no reorder to plain
+    # The pool's kernel is the profiled H x W: another size runs it in PyTorch, still right.
+    x = torch.randn(2, 8, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)

@@ -123,7 +123,8 @@ std::vector<Node*> pooling_post_ops(const BuiltGraph& built) {
         const Node* producer = n->input(i)->node();
         auto other = n->input(1 - i)->type()->cast<torch::jit::TensorType>();
         bool constant_scalar = n->input(1 - i)->node()->kind() == c10::prim::Constant && other && other->numel() == 1;
-        bool pooling = producer->kind() == c10::aten::max_pool2d || producer->kind() == c10::aten::avg_pool2d;
+        bool pooling = producer->kind() == c10::aten::max_pool2d || producer->kind() == c10::aten::avg_pool2d ||
+                       producer->kind() == c10::aten::adaptive_avg_pool2d;
         if (pooling && members.count(producer) && !constant_scalar) found.push_back(n);
       }
     }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace llga {
 
@@ -69,19 +70,35 @@ bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); retur
 // - after softmax with some broadcast operands ([3,5,8] * [1,5,1]: garbage; a lower-rank one fails
 //   to compile). A shape-free group may meet any operand shape later, so only a constant scalar
 //   operand (x * 0.5) is let through there;
-// - after a batched matmul, an operand broadcast along the last dim ([3,2,8] + [1,2,1]).
+// - after a batched matmul, an operand broadcast along the last dim ([3,2,8] + [1,2,1]), also
+//   with other post-ops between (relu(linear(x)) * c).
 // (After max/avg pooling too, but only when oneDNN puts the two in one partition: the fuser checks
 // the partitions it gets, see graph_fuser.cpp, so a conv may still take such an op as its post-op.)
+// The ops oneDNN chains as post-ops (elementwise ones) are looked through: relu(linear(x)) * c is
+// the same post-op on the same matmul.
+bool fed_by(const Value* v, std::initializer_list<c10::Symbol> kinds, int depth = 4) {
+  const Node* p = v->node();
+  if (std::find(kinds.begin(), kinds.end(), p->kind()) != kinds.end()) return true;
+  const OpEntry* e = find_entry(p);
+  using K = op::kind;
+  static const std::unordered_set<K> elementwise = {
+      K::ReLU, K::GELU, K::Sigmoid, K::Tanh, K::Elu, K::LeakyReLU, K::Clamp, K::HardSwish, K::HardSigmoid, K::Exp,
+      K::Log, K::Sqrt, K::Abs, K::Square, K::Round, K::Pow, K::Add, K::Subtract, K::Multiply, K::Divide};
+  if (!e || depth == 0 || !elementwise.count(e->kind)) return false;
+  for (const Value* in : p->inputs())
+    if (is_tensor(in) && fed_by(in, kinds, depth - 1)) return true;
+  return false;
+}
+
 bool unsafe_post_op(const Node* n) {
   Ints out = sizes(n->output());
   for (size_t i = 0; i < 2; ++i) {
-    auto producer = n->input(i)->node()->kind();
     const Value* other = n->input(1 - i);
     auto t = other->type()->cast<TensorType>();
     bool constant_scalar = other->node()->kind() == c10::prim::Constant && t && t->numel() == 1;
-    if ((producer == c10::aten::softmax || producer == c10::aten::log_softmax) && !constant_scalar)
+    if (fed_by(n->input(i), {c10::aten::softmax, c10::aten::log_softmax}) && !constant_scalar)
       return true;
-    if (producer == c10::aten::linear || producer == c10::aten::matmul || producer == c10::aten::bmm) {
+    if (fed_by(n->input(i), {c10::aten::linear, c10::aten::matmul, c10::aten::bmm})) {
       Ints o = sizes(other);
       if (out.size() >= 3 && out.back() > 1 && !o.empty() && o.back() == 1 && !(t && t->numel() == 1)) return true;
     }
@@ -276,12 +293,17 @@ bool avg_pool2d(const Node* n, OpSpec& s) {
   return true;
 }
 
-bool global_avg_pool(const Node* n, OpSpec& s) {  // adaptive_avg_pool2d to 1x1 is a mean over H, W
+// adaptive_avg_pool2d to 1x1 is an average pool with the input's H x W as kernel. (Not ReduceMean:
+// v3.2 reduces a channels-last or blocked input, a convolution's output, with its reference kernel,
+// 2 ms for one of MobileNetV3's.) The kernel is the profiled size: other sizes run unfused.
+bool global_avg_pool(const Node* n, OpSpec& s) {
   auto out = ints_arg(n, 1);
   if (rank(n->input(0)) != 4 || !out || *out != Ints{1, 1}) return false;
   Ints in = sizes(n->input(0));
-  if (in[2] * in[3] == 1) return false;  // nothing to reduce: oneDNN v3.2 has no such reduction
-  s.in(n->input(0)).attr(A::axes, Ints{-2, -1}).attr(A::keep_dims, true);
+  s.shape_specific = true;
+  s.in(n->input(0)).attr(A::kernel, Ints{in[2], in[3]}).attr(A::strides, Ints{1, 1}).attr(A::pads_begin, Ints{0, 0})
+      .attr(A::pads_end, Ints{0, 0}).attr(A::exclude_pad, false).attr(A::rounding_type, std::string("floor"))
+      .attr(A::data_format, std::string("NCX"));
   return true;
 }
 
@@ -434,7 +456,7 @@ const std::vector<OpEntry>& op_table() {
        K::MaxPool, kWorthAlone, max_pool2d},
       {"aten::avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
        K::AvgPool, kWorthAlone, avg_pool2d},
-      {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::ReduceMean, kNone, global_avg_pool},
+      {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::AvgPool, kWorthAlone, global_avg_pool},
       // binary (scalar operands become tensors in prepare_binary)
       {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kKeepsNaN, binary_alpha},
       {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kKeepsNaN, binary_alpha},
