@@ -28,10 +28,11 @@ void* data_of(const at::Tensor& t) {
 }
 
 // A tensor oneDNN can read in place: LLGA, or contiguous, or channels-last; any dense layout for
-// an input only convolutions and matmuls read (a transposed conv1d input is "nwc", the layout the
-// convolution wants: copying it cost XML-CNN three reorders). Other dense layouts (a transposed
-// tensor) are copied: oneDNN v3.2 applies a broadcast post-op along the wrong dim when a binary
-// op's inputs and output are all transposed ((a.t() * b.t()) * c: found by fuzzing).
+// an input only convolutions and matmuls read in a group without binary ops (a transposed conv1d
+// input is "nwc", the layout the convolution wants: copying it cost XML-CNN three reorders).
+// Other dense layouts (a transposed tensor) are copied: oneDNN v3.2 applies a broadcast post-op
+// along the wrong dim when the op's output is transposed, as oneDNN makes it for transposed inputs
+// ((a.t() * b.t()) * c, and relu(linear(x)) * c for sizes other than the profiled ones: fuzzing).
 at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
   if (is_llga_tensor(t) || t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
       (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) || (any_dense && t.is_non_overlapping_and_dense()))
@@ -39,11 +40,19 @@ at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
   return t.contiguous();
 }
 
-// Whether every op in the group reading v is a convolution or a matmul (see readable()).
-bool read_by_conv_or_matmul_only(const Value* v) {
+// Whether every op in the group reading v is a convolution or a matmul, and the group has no
+// binary op (see readable()).
+bool any_dense_ok(const Value* v) {
+  using K = op::kind;
+  for (const Node* n : v->owningGraph()->nodes()) {
+    const OpEntry* e = find_entry(n);
+    if (e && (e->kind == K::Add || e->kind == K::Subtract || e->kind == K::Multiply || e->kind == K::Divide ||
+              e->kind == K::Maximum || e->kind == K::Minimum || e->kind == K::SquaredDifference))
+      return false;
+  }
   for (const auto& use : v->uses()) {
     const OpEntry* e = find_entry(use.user);
-    if (!e || (e->kind != op::kind::Convolution && e->kind != op::kind::MatMul)) return false;
+    if (!e || (e->kind != K::Convolution && e->kind != K::MatMul)) return false;
   }
   return !v->uses().empty();
 }
@@ -172,7 +181,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
   std::unordered_map<size_t, at::Tensor> constant_of_id;
   for (size_t i = 0; i < subgraph_->inputs().size(); ++i) {
     input_of_id[subgraph_->inputs()[i]->unique()] = i;
-    any_dense_input_.push_back(read_by_conv_or_matmul_only(subgraph_->inputs()[i]));
+    any_dense_input_.push_back(any_dense_ok(subgraph_->inputs()[i]));
   }
   for (size_t j = 0; j < subgraph_->outputs().size(); ++j) output_of_id[subgraph_->outputs()[j]->unique()] = j;
   for (Node* n : subgraph_->nodes())
