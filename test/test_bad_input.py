@@ -38,6 +38,19 @@ def test_nan_and_inf_propagate_like_eager(dtype, value):
     assert expected.isnan().any() or expected.isinf().any()  # the test would be vacuous otherwise
 
 
+@pytest.mark.parametrize("position", [0, 70_000, 140_000, 3 * 64 * 1024 - 1])
+def test_nan_anywhere_in_a_large_input_is_found(position):
+    # Inputs of 128K elements and more are scanned in blocks on several threads: each block counts.
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 256, 256)
+    fused = check(model, x)
+    bad = x.clone()
+    bad.view(-1)[position] = float("nan")
+    with torch.no_grad():
+        torch.testing.assert_close(fused(bad), model(bad), equal_nan=True, **FP32)
+    assert model(bad).isnan().any()
+
+
 class LinearAdd(nn.Module):
     def __init__(self):
         super().__init__()
