@@ -1,8 +1,8 @@
-#include <ATen/record_function.h>
 #include "jit/codegen/onednn/fusion_kernel.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/strides.h>
 #include <atomic>
 #include <unordered_set>
@@ -42,19 +42,22 @@ at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
   return t.contiguous();
 }
 
-// Whether every op in the group reading v is a convolution or a matmul, and the group has no
-// binary op (see readable()).
-bool any_dense_ok(const Value* v) {
+bool has_binary_op(const torch::jit::Graph& g) {
   using K = op::kind;
-  for (const Node* n : v->owningGraph()->nodes()) {
+  for (const Node* n : g.nodes()) {
     const OpEntry* e = find_entry(n);
     if (e && (e->kind == K::Add || e->kind == K::Subtract || e->kind == K::Multiply || e->kind == K::Divide ||
               e->kind == K::Maximum || e->kind == K::Minimum || e->kind == K::SquaredDifference))
-      return false;
+      return true;
   }
+  return false;
+}
+
+// Whether every op in the group reading v is a convolution or a matmul (see readable()).
+bool read_by_conv_or_matmul_only(const Value* v) {
   for (const auto& use : v->uses()) {
     const OpEntry* e = find_entry(use.user);
-    if (!e || (e->kind != K::Convolution && e->kind != K::MatMul)) return false;
+    if (!e || (e->kind != op::kind::Convolution && e->kind != op::kind::MatMul)) return false;
   }
   return !v->uses().empty();
 }
@@ -181,9 +184,10 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
 
   std::unordered_map<size_t, size_t> input_of_id, output_of_id;
   std::unordered_map<size_t, at::Tensor> constant_of_id;
+  bool binary_free = !has_binary_op(*subgraph_);
   for (size_t i = 0; i < subgraph_->inputs().size(); ++i) {
     input_of_id[subgraph_->inputs()[i]->unique()] = i;
-    any_dense_input_.push_back(any_dense_ok(subgraph_->inputs()[i]));
+    any_dense_input_.push_back(binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]));
   }
   for (size_t j = 0; j < subgraph_->outputs().size(); ++j) output_of_id[subgraph_->outputs()[j]->unique()] = j;
   for (Node* n : subgraph_->nodes())

@@ -18,11 +18,12 @@ bool keeps_dtype(const torch::jit::Node* n) {
   for (size_t i = 1; i < n->inputs().size(); ++i) tensor_operands |= is_tensor(n->input(i));
   if (!tensor_operands) return true;
   auto self = complete_or_inferred_type(n->input(0));
-  if (!self || !self->scalarType() || !self->dim() || *self->dim() == 0) return false;
+  if (!self) return false;
   for (size_t i = 1; i < n->inputs().size(); ++i) {
     auto t = n->input(i)->type()->cast<torch::jit::TensorType>();
     if (!t || t->scalarType() == self->scalarType()) continue;
-    bool same_kind_0dim = t->dim() && *t->dim() == 0 && t->scalarType() &&
+    bool same_kind_0dim = self->scalarType() && self->dim() && *self->dim() > 0 &&  // (0-dim with 0-dim promotes)
+                          t->dim() && *t->dim() == 0 && t->scalarType() &&
                           c10::isFloatingType(*t->scalarType()) == c10::isFloatingType(*self->scalarType()) &&
                           !c10::isComplexType(*t->scalarType()) && *t->scalarType() != c10::ScalarType::Bool &&
                           *self->scalarType() != c10::ScalarType::Bool;
