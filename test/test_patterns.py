@@ -252,10 +252,14 @@ with torch.no_grad():
     assert not [line for line in executions if ",reorder," in line and "2x24x32" in line]
 
 
-def test_matmul_of_a_transposed_input():
-    fn = lambda q, k: torch.matmul(q, k.transpose(-1, -2)) / 8  # noqa: E731
+@pytest.mark.parametrize("scaled", [False, True])
+def test_matmul_of_a_transposed_input(scaled):
+    # Alone, the matmul reads k^T in place; with a binary post-op (the scale) k^T is copied first.
+    def fn(q, k):
+        s = torch.matmul(q, k.transpose(-1, -2))
+        return s / 8 if scaled else s
     q, k = torch.randn(2, 4, 16, 32), torch.randn(2, 4, 16, 32)
-    fused = check(fn, q, k, groups=[["matmul", "div"]])
+    fused = check(fn, q, k, groups=[["matmul", "div"] if scaled else ["matmul"]])
     k2 = torch.randn(2, 4, 32, 16).transpose(-1, -2)  # already transposed: contiguous after .transpose
     torch.testing.assert_close(fused(q, k2), fn(q, k2), rtol=1e-5, atol=1e-5)
 

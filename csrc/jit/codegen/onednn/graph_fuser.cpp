@@ -117,8 +117,7 @@ std::vector<Node*> pooling_post_ops(const BuiltGraph& built) {
     auto nodes = built.nodes_of(p);
     std::unordered_set<const Node*> members(nodes.begin(), nodes.end());
     for (Node* n : nodes) {
-      auto k = n->kind();
-      if (k != c10::aten::add && k != c10::aten::sub && k != c10::aten::mul && k != c10::aten::div) continue;
+      if (!is_binary_op(n)) continue;
       for (size_t i = 0; i < 2; ++i) {
         const Node* producer = n->input(i)->node();
         auto other = n->input(1 - i)->type()->cast<torch::jit::TensorType>();

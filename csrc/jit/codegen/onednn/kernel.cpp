@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/util/strides.h>
+#include <algorithm>
 #include <atomic>
 #include <unordered_set>
 #include <torch/csrc/jit/api/function_impl.h>
@@ -40,17 +41,6 @@ at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
       (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) || (any_dense && t.is_non_overlapping_and_dense()))
     return t;
   return t.contiguous();
-}
-
-bool has_binary_op(const torch::jit::Graph& g) {
-  using K = op::kind;
-  for (const Node* n : g.nodes()) {
-    const OpEntry* e = find_entry(n);
-    if (e && (e->kind == K::Add || e->kind == K::Subtract || e->kind == K::Multiply || e->kind == K::Divide ||
-              e->kind == K::Maximum || e->kind == K::Minimum || e->kind == K::SquaredDifference))
-      return true;
-  }
-  return false;
 }
 
 // Whether every op in the group reading v is a convolution or a matmul (see readable()).
@@ -184,7 +174,8 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
 
   std::unordered_map<size_t, size_t> input_of_id, output_of_id;
   std::unordered_map<size_t, at::Tensor> constant_of_id;
-  bool binary_free = !has_binary_op(*subgraph_);
+  auto nodes = subgraph_->nodes();
+  bool binary_free = std::none_of(nodes.begin(), nodes.end(), [](const Node* n) { return is_binary_op(n); });
   for (size_t i = 0; i < subgraph_->inputs().size(); ++i) {
     input_of_id[subgraph_->inputs()[i]->unique()] = i;
     any_dense_input_.push_back(binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]));

@@ -81,10 +81,10 @@ bool fed_by(const Value* v, std::initializer_list<c10::Symbol> kinds, int depth 
   if (std::find(kinds.begin(), kinds.end(), p->kind()) != kinds.end()) return true;
   const OpEntry* e = find_entry(p);
   using K = op::kind;
-  static const std::unordered_set<K> elementwise = {
-      K::ReLU, K::GELU, K::Sigmoid, K::Tanh, K::Elu, K::LeakyReLU, K::Clamp, K::HardSwish, K::HardSigmoid, K::Exp,
-      K::Log, K::Sqrt, K::Abs, K::Square, K::Round, K::Pow, K::Add, K::Subtract, K::Multiply, K::Divide};
-  if (!e || depth == 0 || !elementwise.count(e->kind)) return false;
+  static const std::unordered_set<K> unary = {K::ReLU, K::GELU, K::Sigmoid, K::Tanh, K::Elu, K::LeakyReLU, K::Clamp,
+                                              K::HardSwish, K::HardSigmoid, K::Exp, K::Log, K::Sqrt, K::Abs,
+                                              K::Square, K::Round, K::Pow};
+  if (!e || depth == 0 || !(unary.count(e->kind) || is_binary_op(p))) return false;
   for (const Value* in : p->inputs())
     if (is_tensor(in) && fed_by(in, kinds, depth - 1)) return true;
   return false;
@@ -613,5 +613,12 @@ std::string unmapped_reason(const Node* n) {
 bool is_tensor(const Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
 
 bool table_has_kind(c10::Symbol kind) { return index().by_kind.count(kind) > 0; }
+
+bool is_binary_op(const Node* n) {
+  using K = op::kind;
+  const OpEntry* e = find_entry(n);
+  return e && (e->kind == K::Add || e->kind == K::Subtract || e->kind == K::Multiply || e->kind == K::Divide ||
+               e->kind == K::Maximum || e->kind == K::Minimum || e->kind == K::SquaredDifference);
+}
 
 }  // namespace llga

@@ -69,6 +69,10 @@ std::optional<OpSpec> map_node(const Node* n);
 // Why map_node(n) gives nothing, in words for torch_llga.explain(); empty if n maps.
 std::string unmapped_reason(const Node* n);
 
+// Whether n maps to an elementwise binary op (Add, Multiply, ...): a post-op when it follows a
+// compute op in a partition.
+bool is_binary_op(const Node* n);
+
 // Whether an op of this kind (ignoring the overload) appears in the table.
 bool table_has_kind(c10::Symbol kind);
 
