@@ -28,6 +28,7 @@ PYBIND11_MODULE(_C, m) {
     d["guard_failures"] = s.guard_failures.load();
     d["kernel_fallbacks"] = s.kernel_fallbacks.load();
     d["nonfinite_fallbacks"] = s.nonfinite_fallbacks.load();
+    d["inplace_outputs"] = s.inplace_outputs.load();
     d["evictions"] = s.evictions.load();
     d["cached_partitions"] = s.cached_partitions.load();
     return d;

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch_llga
 
 from conftest import check, opaque_outputs
 
@@ -50,6 +51,68 @@ def test_conv_add_relu_residual():
     # The first group's output is read only by the second: it may stay in oneDNN's layout.
     first, second = fused.graph.findAllNodes("llga::FusionGroup", True)
     assert opaque_outputs(first) == [1] and opaque_outputs(second) == [0]
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: expand 1x1, depthwise 3x3, project 1x1, plus the block's input."""
+
+    def __init__(self, keep_input=False, c=8):
+        super().__init__()
+        self.keep_input = keep_input
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.expand = nn.Conv2d(c, 4 * c, 1)
+        self.dw = nn.Conv2d(4 * c, 4 * c, 3, padding=1, groups=4 * c)
+        self.project = nn.Conv2d(4 * c, c, 1)
+        self.head = nn.Conv2d(c, 4, 1)
+        self.side = nn.Conv2d(c, 4, 1)
+
+    def forward(self, image):
+        x = F.relu(self.stem(image))
+        y = self.project(F.relu6(self.dw(F.relu6(self.expand(x))))) + x
+        return (self.head(y), self.side(x)) if self.keep_input else self.head(y)
+
+
+def inplace_outputs_per_call(fused, *inputs):
+    before = torch_llga.stats()["inplace_outputs"]
+    with torch.no_grad():
+        fused(*inputs)
+    return torch_llga.stats()["inplace_outputs"] - before
+
+
+def test_residual_add_accumulates_into_the_block_input():
+    # oneDNN adds the block input as a sum post-op into the project conv's output; nothing reads
+    # that input afterwards, so the conv writes into its memory instead of copying it first.
+    model, image = InvertedResidual(), torch.randn(2, 3, 12, 12)
+    fused = check(model, image)
+    assert ["_convolution", "add"] in fused.groups
+    assert inplace_outputs_per_call(fused, image) == 1
+    other = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(other), model(other), rtol=1e-5, atol=1e-5)
+
+
+def test_residual_add_keeps_an_input_read_later():
+    # Another group reads the block input after the add: no output may take its memory.
+    image = torch.randn(2, 3, 12, 12)
+    fused = check(InvertedResidual(keep_input=True), image)
+    assert inplace_outputs_per_call(fused, image) == 0
+
+
+class AddToInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x, h):
+        return self.conv(h) + x
+
+
+def test_residual_add_keeps_the_callers_tensor():
+    x, h = torch.randn(1, 8, 16, 16), torch.randn(1, 8, 16, 16)
+    x_before = x.clone()
+    fused = check(AddToInput(), x, h, groups=[["_convolution", "add"]])
+    assert inplace_outputs_per_call(fused, x, h) == 0
+    assert torch.equal(x, x_before)
 
 
 def test_linear_gelu():

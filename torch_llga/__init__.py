@@ -124,6 +124,8 @@ def stats():
     guard_failures: calls that ran a group unfused because its inputs differed from what it was
     built for (sizes, dtype, device, grad) or held NaN/Inf (also counted in nonfinite_fallbacks);
     kernel_fallbacks: calls run unfused because oneDNN could not compile the partition;
+    inplace_outputs: outputs computed in the memory of an input nothing else held (a conv or linear
+    with a residual add accumulates into the added tensor instead of copying it first);
     evictions: compiled partitions dropped from a full cache; cached_partitions: compiled partitions
     alive now (they go with their module)."""
     return dict(_C._stats())

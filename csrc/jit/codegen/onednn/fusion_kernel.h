@@ -44,6 +44,9 @@ class FusionKernel {
     std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
     // Made once; each call only points them at its tensors' memory (under execute_mutex).
     std::vector<dnnl::graph::tensor> in_tensors, out_tensors;
+    // (input port, output port) pairs oneDNN may compute in place: a conv or matmul with a sum
+    // post-op accumulates into the added tensor's buffer instead of copying it to the output first.
+    std::vector<std::pair<size_t, size_t>> inplace;
   };
 
   using Inputs = c10::SmallVector<at::Tensor, 8>;
@@ -70,6 +73,8 @@ class FusionKernel {
   std::vector<bool> opaque_output_;     // group output -> may stay in oneDNN's layout
   std::vector<bool> any_dense_input_;   // group input -> read in any dense layout (see readable())
   std::vector<bool> opaque_port_;       // the same, per output port
+  std::vector<size_t> input_ports_;     // group input -> how many input ports read it
+  std::vector<bool> guarded_input_;     // group input -> a guard's output (kGuardedInputs)
   std::vector<std::vector<int64_t>> out_sizes_, out_strides_;
   std::vector<c10::ScalarType> out_dtypes_;
   std::vector<std::optional<QuantParams>> out_qparams_;  // per output port: a quantized output's scale/zp

@@ -73,7 +73,12 @@ void insert_guard(Node* group) {
   Value* ok = guard->output(checked.size())->setType(c10::BoolType::get());
 
   std::vector<Value*> inputs;
-  for (Value* v : group->inputs()) inputs.push_back(checked_value.count(v) ? checked_value.at(v) : v);
+  std::vector<int64_t> guarded;
+  for (Value* v : group->inputs()) {
+    inputs.push_back(checked_value.count(v) ? checked_value.at(v) : v);
+    guarded.push_back(checked_value.count(v));
+  }
+  group->is_(kGuardedInputs, guarded);
 
   Node* branch = g->create(c10::prim::If, {ok}, group->outputs().size())->insertAfter(guard);
   for (size_t i = 0; i < group->outputs().size(); ++i) {

@@ -135,6 +135,36 @@ c10::MemoryFormat memory_format_of(const std::vector<int64_t>& sizes, const std:
   return is_contiguous ? c10::MemoryFormat::Contiguous : c10::MemoryFormat::ChannelsLast;
 }
 
+// Whether the memory of input t (from stack slot arg) may be overwritten: nothing but this call
+// holds it. A copy readable() made is the call's own. Otherwise the references expected are the
+// call's (`inputs`), the stack slot's and, for a guard's output, the interpreter's register for it
+// (see kGuardedInputs); any other (a register of a value read later, the caller's Python tensor, a
+// graph constant, a view of the same storage, a weak reference) makes it shared.
+bool sole_owner(const at::Tensor& t, const c10::IValue& arg, bool guarded) {
+  bool own_copy = !(arg.isTensor() && arg.unsafeToTensorImpl() == t.unsafeGetTensorImpl());
+  size_t refs = own_copy ? 1 : 2 + guarded;
+  return t.use_count() == refs && t.weak_use_count() == 1 && t.has_storage() && t.storage().use_count() == 1;
+}
+
+// Whether t can serve as the output described by lt (same dtype, dims and layout), and how: the
+// tensor itself when it already is what the output would be (an LLGA tensor of that layout, or a
+// dense tensor with the output's strides for an output PyTorch reads); else undefined.
+at::Tensor as_output(const at::Tensor& t, const logical_tensor& lt, bool opaque, const std::vector<int64_t>& sizes,
+                     const std::vector<int64_t>& strides) {
+  if (is_llga_tensor(t)) {
+    const auto& d = llga_impl(t).desc();
+    bool same = opaque && d.get_data_type() == lt.get_data_type() && d.get_dims() == lt.get_dims() &&
+                d.get_layout_type() == lt.get_layout_type() &&
+                (lt.get_layout_type() == logical_tensor::layout_type::opaque ? d.get_layout_id() == lt.get_layout_id()
+                                                                            : d.get_strides() == lt.get_strides());
+    return same ? t : at::Tensor();
+  }
+  if (opaque || lt.get_layout_type() != logical_tensor::layout_type::strided) return at::Tensor();
+  bool same = to_dnnl_dtype(t.scalar_type()) == lt.get_data_type() && t.sizes() == c10::IntArrayRef(sizes) &&
+              t.strides() == c10::IntArrayRef(strides);
+  return same ? t : at::Tensor();
+}
+
 }  // namespace
 
 FusionKernel::Compiled::Compiled() { runtime::stats().cached_partitions.fetch_add(1, std::memory_order_relaxed); }
@@ -153,6 +183,8 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     if (n->kind() != c10::prim::Constant)
       profiler_name_ += std::string(profiler_name_.back() == '[' ? "" : "+") + n->kind().toUnqualString();
   profiler_name_ += "]";
+  auto guarded = node->hasAttribute(kGuardedInputs) ? node->is(kGuardedInputs) : std::vector<int64_t>{};
+  for (size_t i = 0; i < num_inputs_; ++i) guarded_input_.push_back(i < guarded.size() && guarded[i]);
   auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
   for (size_t j = 0; j < node->outputs().size(); ++j) opaque_output_.push_back(j < opaque.size() && opaque[j]);
 
@@ -176,6 +208,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
   std::unordered_map<size_t, at::Tensor> constant_of_id;
   auto nodes = subgraph_->nodes();
   bool binary_free = std::none_of(nodes.begin(), nodes.end(), [](const Node* n) { return is_binary_op(n); });
+  input_ports_.assign(subgraph_->inputs().size(), 0);
   for (size_t i = 0; i < subgraph_->inputs().size(); ++i) {
     input_of_id[subgraph_->inputs()[i]->unique()] = i;
     any_dense_input_.push_back(binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]));
@@ -189,6 +222,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     auto constant = constant_of_id.find(lt.get_id());
     if (in == input_of_id.end() && constant == constant_of_id.end()) { whole_fallback_ = true; return; }
     in_port_input_.push_back(in != input_of_id.end() ? in->second : kConstantPort);
+    if (in != input_of_id.end()) input_ports_[in->second]++;
     in_port_constant_.push_back(in != input_of_id.end() ? at::Tensor() : constant->second);
     in_port_id_.push_back(lt.get_id());
     in_port_sizes_.push_back(in != input_of_id.end() ? *subgraph_->inputs()[in->second]->type()->expect<TensorType>()->sizes().concrete_sizes()
@@ -284,6 +318,15 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
       c.out_formats.push_back(out_qparams_[p] ? memory_format_of(c.out_sizes[p], c.out_strides[p])
                                               : c10::MemoryFormat::Contiguous);
     }
+    for (const auto& [in_id, out_id] : c.partition.get_inplace_ports()) {
+      auto in = std::find(in_port_id_.begin(), in_port_id_.end(), in_id);
+      auto out = std::find(out_port_id_.begin(), out_port_id_.end(), out_id);
+      if (in == in_port_id_.end() || out == out_port_id_.end()) continue;
+      size_t p_in = in - in_port_id_.begin(), p_out = out - out_port_id_.begin();
+      // Only an input no other port of the group reads (conv(x) + x must not overwrite x early).
+      if (in_port_input_[p_in] == kConstantPort || input_ports_[in_port_input_[p_in]] != 1 || out_qparams_[p_out]) continue;
+      c.inplace.emplace_back(p_in, p_out);
+    }
     for (const auto& lt : c.inputs) c.in_tensors.emplace_back(lt, runtime::engine(), nullptr);
     for (const auto& lt : c.outputs) c.out_tensors.emplace_back(lt, runtime::engine(), nullptr);
     GRAPH_DEBUG("Compiled a partition of ", partition_.get_ops_num(), " ops for ", c.inputs.size(), " inputs; outputs: ",
@@ -343,16 +386,23 @@ void FusionKernel::run(Stack& stack) {
   Compiled& c = *compiled;
   if (c.fallback) return run_fallback(stack);
 
-  c10::SmallVector<at::Tensor, 4> outs;
+  c10::SmallVector<at::Tensor, 4> outs(c.outputs.size());
+  for (auto [p_in, p_out] : c.inplace) {
+    size_t i = in_port_input_[p_in];
+    if (inputs[i].scalar_type() != out_dtypes_[p_out] || !sole_owner(inputs[i], args[i], guarded_input_[i])) continue;
+    outs[p_out] = as_output(inputs[i], c.outputs[p_out], opaque_port_[p_out], c.out_sizes[p_out], c.out_strides[p_out]);
+    if (outs[p_out].defined()) runtime::stats().inplace_outputs.fetch_add(1, std::memory_order_relaxed);
+  }
   for (size_t p = 0; p < c.outputs.size(); ++p) {
+    if (outs[p].defined()) continue;  // computed in place
     const auto& lt = c.outputs[p];
     // An output only groups read is an LLGA tensor whatever layout oneDNN chose (blocked, or a
     // strided one such as NHWC): the next group reads its layout from it, and guards accept it.
     const auto& q = out_qparams_[p];
-    outs.push_back(opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
-                   : q ? at::_empty_affine_quantized(c.out_sizes[p], at::TensorOptions().dtype(out_dtypes_[p]), q->scale,
-                                                     q->zero_point, c.out_formats[p])
-                       : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p])));
+    outs[p] = opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
+              : q ? at::_empty_affine_quantized(c.out_sizes[p], at::TensorOptions().dtype(out_dtypes_[p]), q->scale,
+                                                q->zero_point, c.out_formats[p])
+                  : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p]));
   }
   {
     std::lock_guard<std::mutex> lock(c.execute_mutex);

@@ -16,6 +16,10 @@ inline const c10::Symbol kFusionGroup = c10::Symbol::fromQualString("llga::Fusio
 inline const c10::Symbol kGuard = c10::Symbol::fromQualString("llga::Guard");
 // Attributes of a fusion group node.
 inline const c10::Symbol kOpaqueOutputs = c10::Symbol::attr("opaque_outputs");    // ints: 1 = may stay opaque
+// Attribute of a group: per input, 1 when it is a guard's output. The interpreter then holds
+// exactly one more reference to it while the group runs (a register, dropped after the guard's
+// If), which the kernel counts before it computes an output in that input's memory.
+inline const c10::Symbol kGuardedInputs = c10::Symbol::attr("guarded_inputs");
 // Attribute of a group: a process-unique id that survives graph copies (the executor runs a copy),
 // so torch_llga.release(module) finds the kernels of a module's groups.
 inline const c10::Symbol kGroupId = c10::Symbol::attr("group_id");

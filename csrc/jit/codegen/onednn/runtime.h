@@ -37,6 +37,7 @@ struct Stats {
   std::atomic<int64_t> guard_failures{0}; // calls that took the unfused fallback: inputs differed from the profile
   std::atomic<int64_t> kernel_fallbacks{0};  // calls a kernel ran unfused because oneDNN could not compile
   std::atomic<int64_t> nonfinite_fallbacks{0};  // guard failures because an input held NaN or Inf
+  std::atomic<int64_t> inplace_outputs{0};    // outputs computed in an input's memory (a residual add's)
   std::atomic<int64_t> evictions{0};          // compiled partitions dropped by a full cache
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
 };
