@@ -462,19 +462,28 @@ bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
 
 // Any Inf or NaN (exponent all ones) among n values of this bit width? Adding one to the exponent
 // of |x| carries into the sign bit exactly then; OR-ing the sums is plain integer work, which the
-// compiler vectorizes at -O2 in fixed-size blocks (the scan runs on every checked input of every call).
+// compiler vectorizes in fixed-size blocks (the scan runs on every checked input of every call).
 template <typename Bits>
-bool any_nonfinite(const Bits* bits, int64_t n) {
+[[gnu::always_inline]] inline bool any_nonfinite_in(const Bits* bits, int64_t n) {
   constexpr int kMantissa = sizeof(Bits) == 4 ? 23 : 7;  // fp32, bf16
   constexpr Bits kSign = Bits(1) << (sizeof(Bits) * 8 - 1);
   constexpr Bits kExpOne = Bits(1) << kMantissa;
-  constexpr int64_t kBlock = 64;
+  constexpr int64_t kBlock = 256;
   Bits acc = 0;
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock)
     for (int64_t j = 0; j < kBlock; ++j) acc |= static_cast<Bits>((bits[i + j] & ~kSign) + kExpOne);
   for (; i < n; ++i) acc |= static_cast<Bits>((bits[i] & ~kSign) + kExpOne);
   return acc & kSign;
+}
+
+// Compiled for AVX-512 and AVX2 too, picked at load time: 64-byte vectors scan 4x the default's
+// 16 bytes per instruction.
+[[gnu::target_clones("avx512f", "avx2", "default")]] bool any_nonfinite(const uint32_t* bits, int64_t n) {
+  return any_nonfinite_in(bits, n);
+}
+[[gnu::target_clones("avx512f", "avx2", "default")]] bool any_nonfinite(const uint16_t* bits, int64_t n) {
+  return any_nonfinite_in(bits, n);
 }
 
 // No NaN or Inf in t, for groups with an op that would turn them into numbers (kFiniteInputs).
