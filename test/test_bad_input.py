@@ -125,6 +125,19 @@ def test_meta_tensor_runs_in_pytorch():
             fused(torch.empty(1, 3, 16, 16, device="meta"))
 
 
+@pytest.mark.parametrize("kind", ["negative view", "zero tensor"])
+def test_lazy_tensors_run_in_pytorch(kind):
+    # A negative view's memory holds -x and an efficient zero tensor has none: handing their
+    # memory to oneDNN gave -x's result (diff 2.0) and a segfault.
+    model = conv_net()
+    x = torch.randn(1, 3, 16, 16)
+    fused = check(model, x, **FP32)
+    lazy = torch._neg_view(x) if kind == "negative view" else torch._efficientzerotensor((1, 3, 16, 16))
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fused(lazy), model(lazy), **FP32)
+
+
 def test_requires_grad_input_takes_the_unfused_path():
     model = conv_net()
     x = torch.randn(1, 3, 16, 16)

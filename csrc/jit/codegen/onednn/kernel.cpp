@@ -37,6 +37,7 @@ void* data_of(const at::Tensor& t) {
 // along the wrong dim when the op's output is transposed, as oneDNN makes it for transposed inputs
 // ((a.t() * b.t()) * c, and relu(linear(x)) * c for sizes other than the profiled ones: fuzzing).
 at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
+  if (t.is_neg() || t.is_conj()) return t.resolve_conj().resolve_neg().contiguous();  // lazy views: materialize
   if (is_llga_tensor(t) || t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
       (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) || (any_dense && t.is_non_overlapping_and_dense()))
     return t;
@@ -140,10 +141,17 @@ c10::MemoryFormat memory_format_of(const std::vector<int64_t>& sizes, const std:
 // call's (`inputs`), the stack slot's and, for a guard's output, the interpreter's register for it
 // (see kGuardedInputs); any other (a register of a value read later, the caller's Python tensor, a
 // graph constant, a view of the same storage, a weak reference) makes it shared.
+// Only memory this library allocated qualifies: an LLGA tensor (made by a group) or that copy. A
+// dense tensor from elsewhere may share its buffer beyond what the counts show (a copy-on-write
+// lazy clone, a file mapping, numpy memory) or carry metadata the output must not inherit.
 bool sole_owner(const at::Tensor& t, const c10::IValue& arg, bool guarded) {
   bool own_copy = !(arg.isTensor() && arg.unsafeToTensorImpl() == t.unsafeGetTensorImpl());
+  if (!own_copy && !is_llga_tensor(t)) return false;
   size_t refs = own_copy ? 1 : 2 + guarded;
-  return t.use_count() == refs && t.weak_use_count() == 1 && t.has_storage() && t.storage().use_count() == 1;
+  bool sole = t.use_count() == refs && t.weak_use_count() == 1 && t.has_storage() && t.storage().use_count() == 1;
+  // Writes below must follow the release of the other references (a forked task's, say).
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return sole;
 }
 
 // Whether t can serve as the output described by lt (same dtype, dims and layout), and how: the
@@ -455,6 +463,9 @@ namespace {
 // Under the "compile" shape policy a shape-free group takes any non-empty sizes of the profiled rank.
 bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
   if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
+  // No memory to hand oneDNN (an efficient zero tensor) or memory that means something else (a
+  // negated or conjugated view): PyTorch's ops know these.
+  if (t._is_zerotensor() || t.is_neg() || t.is_conj()) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
   if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
   return t.sizes() == *expected.sizes().concrete_sizes();
