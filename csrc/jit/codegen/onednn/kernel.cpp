@@ -463,9 +463,9 @@ namespace {
 // Under the "compile" shape policy a shape-free group takes any non-empty sizes of the profiled rank.
 bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
   if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
-  // No memory to hand oneDNN (an efficient zero tensor) or memory that means something else (a
-  // negated or conjugated view): PyTorch's ops know these.
-  if (t._is_zerotensor() || t.is_neg() || t.is_conj()) return false;
+  // No memory to hand oneDNN (an efficient zero tensor, a sparse or mkldnn tensor) or memory that
+  // means something else (a negated or conjugated view): PyTorch's ops know these.
+  if ((t.layout() != c10::kStrided && !is_llga_tensor(t)) || t._is_zerotensor() || t.is_neg() || t.is_conj()) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
   if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
   return t.sizes() == *expected.sizes().concrete_sizes();
