@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import torch_llga
 
@@ -49,6 +50,39 @@ def test_nan_anywhere_in_a_large_input_is_found(position):
     with torch.no_grad():
         torch.testing.assert_close(fused(bad), model(bad), equal_nan=True, **FP32)
     assert model(bad).isnan().any()
+
+
+class ThreeConvBranches(nn.Module):
+    """XML-CNN's shape: one input read by three conv + relu groups."""
+
+    def __init__(self, write_between=False):
+        super().__init__()
+        self.write_between = write_between
+        self.convs = nn.ModuleList(nn.Conv1d(16, 8, k) for k in (2, 4, 8))
+
+    def forward(self, x):
+        x = x.transpose(1, 2) + 0.5  # not the caller's tensor: the in-place write below stays inside
+        first = F.relu(self.convs[0](x))
+        if self.write_between:
+            x.mul_(2.0)  # the later groups read other values than the first
+        rest = [F.relu(conv(x)) for conv in self.convs[1:]]
+        return torch.cat([first.amax(2)] + [r.amax(2) for r in rest], 1)
+
+
+@pytest.mark.parametrize("write_between", [False, True])
+def test_one_nan_scan_for_an_input_several_groups_read(write_between):
+    model = ThreeConvBranches(write_between)
+    x = torch.randn(2, 32, 16)
+    fused = check(model, x.clone())
+    scans = fused.graph.findAllNodes("llga::AllFinite", True)
+    assert len(scans) == (0 if write_between else 1)  # shared only when nothing writes to the input
+    for position in (0, 2 * 32 * 16 - 1):
+        bad = x.clone()
+        bad.view(-1)[position] = float("nan")
+        with torch.no_grad():
+            expected = model(bad.clone())
+            torch.testing.assert_close(fused(bad.clone()), expected, equal_nan=True, **FP32)
+        assert expected.isnan().any()
 
 
 class LinearAdd(nn.Module):

@@ -529,16 +529,20 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
   for (const auto& type : node->tys(c10::attr::types)) expected.push_back(type->expect<TensorType>());
   bool shape_free = node->hasAttribute(kShapeFree) && node->i(kShapeFree);
   bool finite_inputs = !node->hasAttribute(kFiniteInputs) || node->i(kFiniteInputs);
-  return [expected, shape_free, finite_inputs](Stack& stack) {
+  // Per checked input: -1 = scan it here, k = its finiteness is extra input k (an llga::AllFinite).
+  auto given = node->hasAttribute(kFiniteGiven) ? node->is(kFiniteGiven) : std::vector<int64_t>(expected.size(), -1);
+  size_t extra = node->inputs().size() - expected.size();
+  return [expected, shape_free, finite_inputs, given, extra](Stack& stack) {
     size_t n = expected.size();
-    auto inputs = torch::jit::last(stack, n);
+    auto inputs = torch::jit::last(stack, n + extra);
     bool any_sizes = shape_free && runtime::shape_policy() == runtime::ShapePolicy::kCompile;
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes);
     if (ok && finite_inputs) {
-      for (size_t i = 0; i < n && ok; ++i) ok = all_finite(inputs[i].toTensor());
+      for (size_t i = 0; i < n && ok; ++i) ok = given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool();
       if (!ok) runtime::stats().nonfinite_fallbacks.fetch_add(1, std::memory_order_relaxed);
     }
+    torch::jit::drop(stack, extra);
     if (!ok) {
       runtime::stats().guard_failures.fetch_add(1, std::memory_order_relaxed);
       // The fallback runs PyTorch ops: no LLGA tensor may reach them.
@@ -557,6 +561,18 @@ torch::jit::RegisterOperators registered({
         },
         c10::AliasAnalysisKind::PURE_FUNCTION),
     torch::jit::Operator(kGuard, make_guard, c10::AliasAnalysisKind::CONSERVATIVE),
+    // The guards' shared NaN/Inf scan (see guard_shapes.cpp).
+    torch::jit::Operator(
+        "llga::AllFinite(Tensor x) -> bool",
+        [](Stack& stack) {
+          // It runs before the guards' other checks: only a tensor they can accept is scanned (an
+          // answer for another one is never read: its guard fails first).
+          const at::Tensor t = stack.back().toTensor();
+          bool plain = t.defined() && t.device().is_cpu() && t.layout() == c10::kStrided && t.has_storage() &&
+                       !t._is_zerotensor() && !t.is_neg() && !t.is_conj();
+          stack.back() = !plain || all_finite(t);
+        },
+        c10::AliasAnalysisKind::FROM_SCHEMA),
 });
 
 }  // namespace

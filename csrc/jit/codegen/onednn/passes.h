@@ -29,6 +29,10 @@ inline const c10::Symbol kUnfusedReason = c10::Symbol::attr("llga_unfused");
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 // On a guard: its group's inputs must hold no NaN/Inf (scanned at run time); see kKeepsNaN.
 inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
+// On a guard: per checked input, -1 (scan it) or k: its finiteness is the guard's k-th extra (bool)
+// input, an llga::AllFinite shared by the guards of every group that reads the same value.
+inline const c10::Symbol kFiniteGiven = c10::Symbol::attr("finite_given");
+inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFinite");
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm, MHA fast path -> mapped ops
