@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch_llga
 
-from conftest import check, opaque_outputs
+from conftest import Fused, check, opaque_outputs
 
 
 class ConvBnRelu(nn.Module):
@@ -113,6 +113,27 @@ def test_residual_add_keeps_the_callers_tensor():
     fused = check(AddToInput(), x, h, groups=[["_convolution", "add"]])
     assert inplace_outputs_per_call(fused, x, h) == 0
     assert torch.equal(x, x_before)
+
+
+def test_linear_batch_norm_two_relus_run_unfused_and_right():
+    # A known oneDNN v3.2 limitation (found by fuzzing): it offers linear + batch_norm + relu + relu
+    # on a 3-D tensor as one partition, then cannot compile it ("could not create a primitive
+    # descriptor for a batch normalization"). The group runs its ops unfused: right, not fast.
+    # (One relu, or no linear, compiles.) When this starts failing, the partition compiles: use check().
+    model = nn.Sequential(nn.Linear(1, 8), nn.BatchNorm1d(2), nn.ReLU(), nn.ReLU()).eval()
+    model[1].running_mean.uniform_(-1, 1)
+    model[1].running_var.uniform_(0.5, 2)
+    torch_llga._C._set_fuse_all_partitions(True)
+    try:
+        x = torch.randn(1, 2, 1)
+        fused = Fused(model, (x,))
+        assert fused.groups == [["linear", "batch_norm", "relu", "relu"]]
+        before = torch_llga.stats()["kernel_fallbacks"]
+        for _ in range(2):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+        assert torch_llga.stats()["kernel_fallbacks"] - before == 2
+    finally:
+        torch_llga._C._set_fuse_all_partitions(False)
 
 
 def test_linear_gelu():
