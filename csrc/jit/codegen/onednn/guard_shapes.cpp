@@ -10,13 +10,15 @@
 //     block1(): %y.2 = prim::FallbackGraph(%x.checked, %weight)    -> the unfused ops, which the
 //                                                                    executor profiles on its own
 // The guard also sends inputs holding NaN or Inf to the fallback when the group has an op that may
-// turn them into numbers (oneDNN's ReLU, Clamp and max-pool do; eager propagates them). A value
-// several such guards check, which nothing writes, is scanned once (XML-CNN's embedding feeds
-// three conv + relu groups: three scans of 1.2 MB were 0.15 ms a call):
+// turn them into numbers (oneDNN's ReLU, Clamp and max-pool do; eager propagates them). On a
+// mismatch it turns any LLGA (opaque) tensor into a strided one for the fallback.
+// A value several such guards check, which nothing writes, is scanned once (XML-CNN's embedding
+// feeds three conv + relu groups: three scans of 1.2 MB were 0.15 ms a call):
 //
 //   %finite = llga::AllFinite(%x)
-//   %x.1, %ok.1 = llga::Guard[finite_given=[0]](%x, %finite)   ...   %x.2, %ok.2 = llga::Guard[...](%x, %finite) On a
-// mismatch it turns any LLGA (opaque) tensor into a strided one for the fallback.
+//   %x.1, %ok.1 = llga::Guard[finite_given=[0]](%x, %finite)
+//   ...
+//   %x.2, %ok.2 = llga::Guard[finite_given=[0]](%x, %finite)
 #include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/ir.h>
 

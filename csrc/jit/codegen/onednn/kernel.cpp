@@ -461,11 +461,16 @@ namespace {
 // so a channels_last or sliced input runs fused and correct. (The profile's strides are also lossy:
 // it canonicalizes strides around size-1 dims, so comparing against them rejects valid inputs.)
 // Under the "compile" shape policy a shape-free group takes any non-empty sizes of the profiled rank.
+// Strided memory that holds the tensor's values: not an efficient zero tensor, a sparse or mkldnn
+// tensor (no such memory to hand oneDNN), nor a negated or conjugated view (memory that means
+// something else). PyTorch's ops know these; groups get the others.
+bool plain_memory(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t._is_zerotensor() && !t.is_neg() && !t.is_conj();
+}
+
 bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
   if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
-  // No memory to hand oneDNN (an efficient zero tensor, a sparse or mkldnn tensor) or memory that
-  // means something else (a negated or conjugated view): PyTorch's ops know these.
-  if ((t.layout() != c10::kStrided && !is_llga_tensor(t)) || t._is_zerotensor() || t.is_neg() || t.is_conj()) return false;
+  if (!is_llga_tensor(t) && !plain_memory(t)) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
   if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
   return t.sizes() == *expected.sizes().concrete_sizes();
@@ -568,9 +573,8 @@ torch::jit::RegisterOperators registered({
           // It runs before the guards' other checks: only a tensor they can accept is scanned (an
           // answer for another one is never read: its guard fails first).
           const at::Tensor t = stack.back().toTensor();
-          bool plain = t.defined() && t.device().is_cpu() && t.layout() == c10::kStrided && t.has_storage() &&
-                       !t._is_zerotensor() && !t.is_neg() && !t.is_conj();
-          stack.back() = !plain || all_finite(t);
+          bool scannable = t.defined() && t.device().is_cpu() && plain_memory(t) && t.has_storage();
+          stack.back() = !scannable || all_finite(t);
         },
         c10::AliasAnalysisKind::FROM_SCHEMA),
 });
