@@ -136,41 +136,24 @@ c10::MemoryFormat memory_format_of(const std::vector<int64_t>& sizes, const std:
   return is_contiguous ? c10::MemoryFormat::Contiguous : c10::MemoryFormat::ChannelsLast;
 }
 
-// Whether the memory of input t (from stack slot arg) may be overwritten: nothing but this call
-// holds it. A copy readable() made is the call's own. Otherwise the references expected are the
-// call's (`inputs`), the stack slot's and, for a guard's output, the interpreter's register for it
-// (see kGuardedInputs); any other (a register of a value read later, the caller's Python tensor, a
-// graph constant, a view of the same storage, a weak reference) makes it shared.
-// Only memory this library allocated qualifies: an LLGA tensor (made by a group) or that copy. A
-// dense tensor from elsewhere may share its buffer beyond what the counts show (a copy-on-write
-// lazy clone, a file mapping, numpy memory) or carry metadata the output must not inherit.
-bool sole_owner(const at::Tensor& t, const c10::IValue& arg, bool guarded) {
-  bool own_copy = !(arg.isTensor() && arg.unsafeToTensorImpl() == t.unsafeGetTensorImpl());
-  if (!own_copy && !is_llga_tensor(t)) return false;
-  size_t refs = own_copy ? 1 : 2 + guarded;
-  bool sole = t.use_count() == refs && t.weak_use_count() == 1 && t.has_storage() && t.storage().use_count() == 1;
+// Whether input t (from stack slot arg) may become output lt, computed in its memory: t is an LLGA
+// tensor (memory this library allocated: a dense tensor from elsewhere may share its buffer beyond
+// what the counts show, as a copy-on-write clone or a file mapping does) in lt's very layout, and
+// nothing but this call holds it. The references expected are the call's (`inputs`), the stack
+// slot's and, for a guard's output, the interpreter's register for it (see kGuardedInputs); any
+// other (a register of a value read later, a forked task, a view of the storage, a weak reference)
+// makes it shared.
+bool reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, const logical_tensor& lt) {
+  if (!is_llga_tensor(t) || !arg.isTensor() || arg.unsafeToTensorImpl() != t.unsafeGetTensorImpl()) return false;
+  const auto& d = llga_impl(t).desc();
+  bool same_layout = d.get_data_type() == lt.get_data_type() && d.get_dims() == lt.get_dims() &&
+                     d.get_layout_type() == lt.get_layout_type() &&
+                     (lt.get_layout_type() == logical_tensor::layout_type::opaque ? d.get_layout_id() == lt.get_layout_id()
+                                                                                 : d.get_strides() == lt.get_strides());
+  bool sole = t.use_count() == static_cast<size_t>(2 + guarded) && t.weak_use_count() == 1 && t.storage().use_count() == 1;
   // Writes below must follow the release of the other references (a forked task's, say).
   std::atomic_thread_fence(std::memory_order_acquire);
-  return sole;
-}
-
-// Whether t can serve as the output described by lt (same dtype, dims and layout), and how: the
-// tensor itself when it already is what the output would be (an LLGA tensor of that layout, or a
-// dense tensor with the output's strides for an output PyTorch reads); else undefined.
-at::Tensor as_output(const at::Tensor& t, const logical_tensor& lt, bool opaque, const std::vector<int64_t>& sizes,
-                     const std::vector<int64_t>& strides) {
-  if (is_llga_tensor(t)) {
-    const auto& d = llga_impl(t).desc();
-    bool same = opaque && d.get_data_type() == lt.get_data_type() && d.get_dims() == lt.get_dims() &&
-                d.get_layout_type() == lt.get_layout_type() &&
-                (lt.get_layout_type() == logical_tensor::layout_type::opaque ? d.get_layout_id() == lt.get_layout_id()
-                                                                            : d.get_strides() == lt.get_strides());
-    return same ? t : at::Tensor();
-  }
-  if (opaque || lt.get_layout_type() != logical_tensor::layout_type::strided) return at::Tensor();
-  bool same = to_dnnl_dtype(t.scalar_type()) == lt.get_data_type() && t.sizes() == c10::IntArrayRef(sizes) &&
-              t.strides() == c10::IntArrayRef(strides);
-  return same ? t : at::Tensor();
+  return same_layout && sole;
 }
 
 }  // namespace
@@ -397,9 +380,9 @@ void FusionKernel::run(Stack& stack) {
   c10::SmallVector<at::Tensor, 4> outs(c.outputs.size());
   for (auto [p_in, p_out] : c.inplace) {
     size_t i = in_port_input_[p_in];
-    if (inputs[i].scalar_type() != out_dtypes_[p_out] || !sole_owner(inputs[i], args[i], guarded_input_[i])) continue;
-    outs[p_out] = as_output(inputs[i], c.outputs[p_out], opaque_port_[p_out], c.out_sizes[p_out], c.out_strides[p_out]);
-    if (outs[p_out].defined()) runtime::stats().inplace_outputs.fetch_add(1, std::memory_order_relaxed);
+    if (!opaque_port_[p_out] || !reusable_as_output(inputs[i], args[i], guarded_input_[i], c.outputs[p_out])) continue;
+    outs[p_out] = inputs[i];
+    runtime::stats().inplace_outputs.fetch_add(1, std::memory_order_relaxed);
   }
   for (size_t p = 0; p < c.outputs.size(); ++p) {
     if (outs[p].defined()) continue;  // computed in place
