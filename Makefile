@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-installed
 SO     := $(wildcard torch_llga/_C*.so)
-SRCS   := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name 'sources.txt') setup.py
+SRCS   := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.py' -o -name 'sources.txt') setup.py
 
 .PHONY: all venv build build-sanitize demo test test-sanitize bench clean
 

@@ -1,26 +1,23 @@
 """Builds torch_llga._C: the oneDNN Graph fuser as a PyTorch C++ extension.
 
-oneDNN v3.2 comes from the pinned PyPI wheels (onednn-cpu-gomp / onednn-devel-cpu-gomp), which
-install libdnnl into <env>/lib and its headers into <env>/include. torch ships newer oneDNN headers
-of its own, so oneDNN's include dir goes first; an rpath to <env>/lib lets `import torch_llga`
-find libdnnl without LD_LIBRARY_PATH.
+oneDNN is the copy inside torch's own libtorch_cpu.so, compiled against the headers torch ships
+(<torch>/include/oneapi/dnnl): csrc/onednn/gen_stubs.py lists the C API functions those headers
+declare, and csrc/onednn/torch_onednn.cpp binds them to libtorch_cpu.so when the module loads.
+Nothing else to install or link.
 """
-import glob
 import os
 import sys
 
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+GENERATED = os.path.join(ROOT, "build", "generated")
 
+sys.path.insert(0, os.path.join(ROOT, "csrc", "onednn"))
+import gen_stubs  # noqa: E402
 
-def onednn_prefix():
-    for prefix in (sys.prefix, sys.base_prefix, os.environ.get("ONEDNN_ROOT", "")):
-        if prefix and os.path.exists(os.path.join(prefix, "include", "oneapi", "dnnl", "dnnl_graph.hpp")):
-            return prefix
-    sys.exit("oneDNN v3.2 headers not found: pip install -r requirements.txt "
-             "(onednn-devel-cpu-gomp==2023.2.0), or set ONEDNN_ROOT")
+gen_stubs.main(include_paths()[0], os.path.join(GENERATED, "onednn_functions.inc"))
 
 
 def sources():
@@ -28,9 +25,6 @@ def sources():
     with open(os.path.join(ROOT, "csrc", "sources.txt")) as f:
         return [line.strip() for line in f if line.strip() and not line.startswith("#")]
 
-
-prefix = onednn_prefix()
-lib_dir = os.path.join(prefix, "lib")
 
 # TORCH_LLGA_SANITIZE=1: AddressSanitizer + UBSan build for the test suite (`make test-sanitize`).
 # -O1 -g1 keeps reports symbolized (file:line) at moderate cost; UBSan stays recoverable at compile
@@ -57,11 +51,9 @@ setup(
         CppExtension(
             name="torch_llga._C",
             sources=sources(),
-            include_dirs=[os.path.join(prefix, "include"), os.path.join(ROOT, "csrc")],
-            library_dirs=[lib_dir],
-            libraries=["dnnl"],
+            include_dirs=[os.path.join(ROOT, "csrc"), GENERATED],
             extra_compile_args=[*compile_args, "-std=c++20", "-fvisibility=hidden"],
-            extra_link_args=[f"-Wl,-rpath,{lib_dir}", *link_args],
+            extra_link_args=link_args,
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

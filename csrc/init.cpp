@@ -2,12 +2,14 @@
 // (static registrations in pipeline.cpp and kernel.cpp); these functions only flip the switch.
 #include <pybind11/pybind11.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
-#include <oneapi/dnnl/dnnl_version.h>
 
 #include "jit/codegen/onednn/fusion_kernel.h"
 #include "jit/codegen/onednn/runtime.h"
+#include "onednn/torch_onednn.h"
 
 PYBIND11_MODULE(_C, m) {
+  // torch's oneDNN could not be bound (see torch_onednn.h): the import fails with the reason.
+  if (!llga::onednn::load_error().empty()) throw pybind11::import_error(llga::onednn::load_error());
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
   m.def("_set_fuse_all_partitions", &llga::runtime::set_fuse_all_partitions);
@@ -19,7 +21,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_capacity", &llga::runtime::cache_capacity);
   m.def("_release", [](const std::shared_ptr<torch::jit::Graph>& g) { return llga::release_compiled_partitions(g.get()); });
   m.def("_release_all", [] { return llga::release_compiled_partitions(nullptr); });
-  m.def("_constant_cache_enabled", [] { return dnnl::graph::get_constant_tensor_cache() != 0; });
+  m.def("_constant_cache_enabled", &llga::runtime::constant_cache_enabled);
+  m.def("_flush_constant_cache", &llga::runtime::flush_constant_cache);
   m.def("_stats", [] {
     auto& s = llga::runtime::stats();
     pybind11::dict d;
@@ -33,8 +36,6 @@ PYBIND11_MODULE(_C, m) {
     d["cached_partitions"] = s.cached_partitions.load();
     return d;
   });
-  m.def("_onednn_version", [] {
-    return std::to_string(DNNL_VERSION_MAJOR) + "." + std::to_string(DNNL_VERSION_MINOR) + "." +
-           std::to_string(DNNL_VERSION_PATCH);
-  });
+  m.def("_onednn_version", &llga::onednn::version);
+  m.def("_onednn_library", [] { return llga::onednn::library_path(); });
 }

@@ -1,5 +1,6 @@
 """The Python face: the switch, the context manager, logging, and independence from PyTorch's fuser."""
 import os
+import re
 import subprocess
 import sys
 
@@ -68,11 +69,42 @@ def test_constant_weight_cache_on_by_default():
     assert out.stdout.strip() == "False"
 
 
-def test_import_needs_no_library_path():
+def test_runs_on_the_onednn_inside_torch():
+    # No LD_LIBRARY_PATH, no libdnnl of its own: the oneDNN torch itself reports is the one in use.
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    out = subprocess.run([sys.executable, "-c", "import torch_llga; print(torch_llga.onednn_version())"],
-                         env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip().startswith("3.2")
+    code = "import torch_llga; print(torch_llga.onednn_version()); print(torch_llga.config()['onednn_library'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    version, library = out.stdout.split()
+    assert re.search(r"MKL-DNN v(\S+) ", torch._C._show_config()).group(1) == version
+    assert int(version.split(".")[0]) == 3 and int(version.split(".")[1]) >= 7
+    assert os.path.samefile(library, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    so = torch_llga._C.__file__
+    assert not re.search(r"libdnnl", subprocess.run(["ldd", so], capture_output=True, text=True).stdout)
+    exported = subprocess.run(["nm", "-D", so], capture_output=True, text=True, check=True).stdout
+    assert not re.search(r" [TU] dnnl_", exported)  # the C API stubs stay hidden, nothing is left unresolved
+
+
+def import_error(env):
+    out = subprocess.run([sys.executable, "-c", "import torch_llga"], env={**os.environ, **env}, capture_output=True, text=True)
+    assert out.returncode != 0
+    return out.stderr.strip().splitlines()[-1]
+
+
+def test_import_fails_clearly_without_a_symbol_table(tmp_path):
+    # A stripped libtorch_cpu.so (same build, no .symtab): one sentence saying what is missing and what to do.
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    stripped = tmp_path / "libtorch_cpu.so"
+    subprocess.run(["strip", "--strip-all", "-o", str(stripped), lib], check=True)
+    line = import_error({"TORCH_LLGA_TORCH_CPU_SYMBOLS": str(stripped)})
+    assert line.startswith("ImportError: torch_llga needs the symbol table of PyTorch's libtorch_cpu.so")
+    assert "has none (a stripped build of torch)" in line
+
+
+def test_import_fails_clearly_on_another_build(tmp_path):
+    # Symbols from a file that is not the loaded build would be wrong addresses: refused.
+    other = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")
+    line = import_error({"TORCH_LLGA_TORCH_CPU_SYMBOLS": other})
+    assert "which is not the build of libtorch_cpu.so loaded from" in line
 
 
 def test_jit_log_shows_each_pass():

@@ -245,7 +245,7 @@ def test_cat():
     check(lambda a, b: torch.cat([a, b, a], -1), x, y, groups=[["cat"]])
 
 
-# oneDNN v3.2 has no partition of a lone transpose/reshape: they fuse after a matmul.
+# Transposes and reshapes fuse after a matmul.
 q, k = torch.randn(1, 4, 16, 8), torch.randn(1, 4, 8, 16)
 
 
@@ -258,10 +258,13 @@ def test_transpose_and_reshape_after_matmul(ops, fn):
     check(fn, q, k, groups=[ops])
 
 
-@pytest.mark.parametrize("fn", [lambda a: a.view(4, 4, 16), lambda a: a.flatten(1), lambda a: a.permute(2, 0, 1)])
-def test_lone_view_ops_stay_in_pytorch(fn):
-    fused = check(fn, x, groups=[])
-    assert len(fused.unfused) == 1
+@pytest.mark.parametrize("groups,fn", [([["view"]], lambda a: a.view(4, 4, 16)), ([], lambda a: a.flatten(1)),
+                                       ([["permute"]], lambda a: a.permute(2, 0, 1))])
+def test_lone_view_ops(groups, fn):
+    # oneDNN v3.2 had no partition of a lone reshape/transpose; 3.12 has (a copy: without the
+    # all_partitions fixture such a group is never worth it). A lone flatten of a graph input has
+    # no profiled output sizes here and stays in PyTorch.
+    check(fn, x, groups=groups)
 
 
 def test_inplace_forms_become_functional():

@@ -115,25 +115,13 @@ def test_residual_add_keeps_the_callers_tensor():
     assert torch.equal(x, x_before)
 
 
-def test_linear_batch_norm_two_relus_run_unfused_and_right():
-    # A known oneDNN v3.2 limitation (found by fuzzing): it offers linear + batch_norm + relu + relu
-    # on a 3-D tensor as one partition, then cannot compile it ("could not create a primitive
-    # descriptor for a batch normalization"). The group runs its ops unfused: right, not fast.
-    # (One relu, or no linear, compiles.) When this starts failing, the partition compiles: use check().
+def test_linear_batch_norm_two_relus(all_partitions):
+    # oneDNN v3.2 offered linear + batch_norm + relu + relu on a 3-D tensor as one partition, then
+    # could not compile it (found by fuzzing; the group ran unfused). 3.12 partitions it apart.
     model = nn.Sequential(nn.Linear(1, 8), nn.BatchNorm1d(2), nn.ReLU(), nn.ReLU()).eval()
     model[1].running_mean.uniform_(-1, 1)
     model[1].running_var.uniform_(0.5, 2)
-    torch_llga._C._set_fuse_all_partitions(True)
-    try:
-        x = torch.randn(1, 2, 1)
-        fused = Fused(model, (x,))
-        assert fused.groups == [["linear", "batch_norm", "relu", "relu"]]
-        before = torch_llga.stats()["kernel_fallbacks"]
-        for _ in range(2):
-            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
-        assert torch_llga.stats()["kernel_fallbacks"] - before == 2
-    finally:
-        torch_llga._C._set_fuse_all_partitions(False)
+    check(model, torch.randn(1, 2, 1), groups=[["linear"], ["batch_norm", "relu"], ["relu"]])
 
 
 def test_linear_gelu():
@@ -331,8 +319,8 @@ with torch.no_grad():
 """
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ONEDNN_VERBOSE": "1"}, capture_output=True,
                          text=True, check=True).stdout
-    executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,exec,")]
-    assert any(",convolution," in line and "src_f32::blocked:acb:" in line for line in executions)
+    executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
+    assert any(",convolution," in line and "src:f32::blocked:acb:" in line for line in executions)
     assert not [line for line in executions if ",reorder," in line and "2x24x32" in line]
 
 

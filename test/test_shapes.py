@@ -99,7 +99,8 @@ def test_fifty_sizes_in_random_order(capacity):
     model = Attention().eval()
     x = torch.randn(2, 16, 32)
     fused = check(model, x, rtol=1e-4, atol=1e-4)
-    assert fused.groups and ["softmax"] in fused.groups, fused.groups
+    # The attention core is one oneDNN SDPA partition, recompiled for every new length.
+    assert ["matmul", "div", "softmax", "matmul"] in fused.groups, fused.groups
     shapes = [(rng.randint(1, 4), rng.randint(1, 48)) for _ in range(50)]
     shapes = list(dict.fromkeys(s for s in shapes if s != (2, 16)))  # distinct, not the profiled one
     order = shapes + shapes

@@ -15,7 +15,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C
 
-__all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "set_shape_policy", "shape_policy",
+__all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "config", "set_shape_policy", "shape_policy",
            "set_cache_capacity", "cache_capacity", "release", "explain"]
 
 
@@ -132,4 +132,12 @@ def stats():
 
 
 def onednn_version():
+    """The version of the oneDNN in use: the one inside PyTorch's libtorch_cpu.so."""
     return _C._onednn_version()
+
+
+def config():
+    """What torch_llga runs on: torch's version, the oneDNN inside it (version and library) and
+    whether oneDNN's constant weight cache is on."""
+    return {"torch": torch.__version__, "onednn": onednn_version(), "onednn_library": _C._onednn_library(),
+            "constant_cache": _C._constant_cache_enabled(), "threads": torch.get_num_threads()}

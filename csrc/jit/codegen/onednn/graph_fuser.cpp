@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "jit/codegen/onednn/graph_builder.h"
+#include "jit/codegen/onednn/onednn_quirks.h"
 #include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/runtime.h"
@@ -106,27 +107,18 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
   }
 }
 
-// oneDNN v3.2 computes max/avg pooling with a binary post-op on its output wrongly (its AVX-512
-// kernel; found by fuzzing) unless the other operand is a constant scalar. The same binary op may
-// rightly be a convolution's post-op instead (ResNet's residual add reads a max-pool output), so
-// this looks at the partitions oneDNN formed: the binary ops sharing one with the pooling they read.
+// The binary ops oneDNN put in one partition with a pooling op they read, where it computes them
+// wrongly (quirks::pooling_binary_post_op). The same op may rightly be a convolution's post-op in
+// another partitioning (ResNet's residual add reads a max-pool output): the fuser excludes these
+// and asks oneDNN again.
 std::vector<Node*> pooling_post_ops(const BuiltGraph& built) {
   std::vector<Node*> found;
   for (const auto& p : built.partitions) {
     if (!p.is_supported()) continue;
     auto nodes = built.nodes_of(p);
     std::unordered_set<const Node*> members(nodes.begin(), nodes.end());
-    for (Node* n : nodes) {
-      if (!is_binary_op(n)) continue;
-      for (size_t i = 0; i < 2; ++i) {
-        const Node* producer = n->input(i)->node();
-        auto other = n->input(1 - i)->type()->cast<torch::jit::TensorType>();
-        bool constant_scalar = n->input(1 - i)->node()->kind() == c10::prim::Constant && other && other->numel() == 1;
-        bool pooling = producer->kind() == c10::aten::max_pool2d || producer->kind() == c10::aten::avg_pool2d ||
-                       producer->kind() == c10::aten::adaptive_avg_pool2d;
-        if (pooling && members.count(producer) && !constant_scalar) found.push_back(n);
-      }
-    }
+    for (Node* n : nodes)
+      if (is_binary_op(n) && quirks::pooling_binary_post_op(n, members)) found.push_back(n);
   }
   return found;
 }
@@ -147,7 +139,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
     built = build_graph(block, opts);
   }
   mark_unmapped(block, built, db);
-  for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN v3.2 computes that post-op wrongly");
+  for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN computes that post-op wrongly (onednn_quirks.h)");
 
   std::vector<std::vector<Node*>> partitions;
   for (const auto& p : built.partitions) {

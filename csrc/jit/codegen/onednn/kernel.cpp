@@ -14,6 +14,7 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/graph_builder.h"
+#include "jit/codegen/onednn/onednn_quirks.h"
 #include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/runtime.h"
@@ -33,13 +34,12 @@ void* data_of(const at::Tensor& t) {
 // A tensor oneDNN can read in place: LLGA, or contiguous, or channels-last; any dense layout for
 // an input only convolutions and matmuls read in a group without binary ops (a transposed conv1d
 // input is "nwc", the layout the convolution wants: copying it cost XML-CNN three reorders).
-// Other dense layouts (a transposed tensor) are copied: oneDNN v3.2 applies a broadcast post-op
-// along the wrong dim when the op's output is transposed, as oneDNN makes it for transposed inputs
-// ((a.t() * b.t()) * c, and relu(linear(x)) * c for sizes other than the profiled ones: fuzzing).
+// Other dense layouts (a transposed tensor) are copied where quirks::copy_transposed_inputs() says.
 at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
   if (t.is_neg() || t.is_conj()) return t.resolve_conj().resolve_neg().contiguous();  // lazy views: materialize
   if (is_llga_tensor(t) || t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
-      (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) || (any_dense && t.is_non_overlapping_and_dense()))
+      (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) ||
+      ((any_dense || !quirks::copy_transposed_inputs()) && t.is_non_overlapping_and_dense()))
     return t;
   return t.contiguous();
 }
@@ -64,13 +64,11 @@ bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initi
   return true;
 }
 
-// A size-1 dim's stride addresses nothing, but oneDNN reads the layout from all strides: v3.2
-// crashes compiling a binary op whose operand has an odd one (a [1] slice of stride 2; found by
-// fuzzing), and a channels-last tensor with N = 1 whose N stride is not the outermost one reads as
-// "cdab", for which int8 max-pool has only its reference kernel (100x slower). Dense tensors
-// (contiguous or channels-last) get that format's own strides; others the next dim's extent.
+// A size-1 dim's stride addresses nothing, but oneDNN reads the layout from all strides
+// (quirks::canonical_unit_dim_strides). Dense tensors (contiguous or channels-last) get that
+// format's own strides; others the next dim's extent.
 std::vector<int64_t> unit_dims_dense(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  if (std::find(sizes.begin(), sizes.end(), 1) == sizes.end()) return strides.vec();
+  if (std::find(sizes.begin(), sizes.end(), 1) == sizes.end() || !quirks::canonical_unit_dim_strides()) return strides.vec();
   auto contiguous = [&] { auto s = c10::contiguous_strides(sizes); return std::vector<int64_t>(s.begin(), s.end()); };
   if (sizes.size() == 4 && dense_in_order(sizes, strides, {0, 1, 2, 3})) return contiguous();
   if (sizes.size() == 4 && dense_in_order(sizes, strides, {0, 2, 3, 1})) return c10::get_channels_last_strides_2d(sizes);
@@ -300,7 +298,22 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
   }
   try {
     runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
-    c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
+    try {
+      c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
+    } catch (const dnnl::error& e) {
+      // Some partitions take no "any" output layout (oneDNN 3.12: a lone Reorder): those outputs
+      // are asked for strided, and still travel as LLGA tensors.
+      bool retried = false;
+      for (size_t p = 0; p < outputs.size(); ++p) {
+        if (outputs[p].get_layout_type() != logical_tensor::layout_type::any) continue;
+        outputs[p] = logical_tensor(out_port_id_[p], outputs[p].get_data_type(), outputs[p].get_dims(),
+                                    logical_tensor::layout_type::strided);
+        retried = true;
+      }
+      if (!retried) throw;
+      GRAPH_DEBUG("oneDNN could not compile the partition for opaque outputs (", e.what(), "); asking for strided ones");
+      c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
+    }
     for (size_t p = 0; p < out_port_id_.size(); ++p) {
       c.outputs.push_back(c.partition.query_logical_tensor(out_port_id_[p]));
       c.out_sizes.push_back(c.outputs[p].get_dims());

@@ -1,5 +1,7 @@
 #include "jit/codegen/onednn/op_table.h"
 
+#include "jit/codegen/onednn/onednn_quirks.h"
+
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
@@ -66,44 +68,9 @@ std::optional<Ints> spatial(std::optional<Ints> v, size_t n) {
 bool unary(const Node* n, OpSpec& s) { s.in(n->input(0)); return true; }
 bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); return true; }
 
-// Binary post-ops oneDNN v3.2 computes wrongly (found by fuzzing), which stay in PyTorch:
-// - after softmax with some broadcast operands ([3,5,8] * [1,5,1]: garbage; a lower-rank one fails
-//   to compile). A shape-free group may meet any operand shape later, so only a constant scalar
-//   operand (x * 0.5) is let through there;
-// - after a batched matmul, an operand broadcast along the last dim ([3,2,8] + [1,2,1]), also
-//   with other post-ops between (relu(linear(x)) * c).
-// (After max/avg pooling too, but only when oneDNN puts the two in one partition: the fuser checks
-// the partitions it gets, see graph_fuser.cpp, so a conv may still take such an op as its post-op.)
-// The ops oneDNN chains as post-ops (elementwise ones) are looked through: relu(linear(x)) * c is
-// the same post-op on the same matmul.
-bool fed_by(const Value* v, std::initializer_list<c10::Symbol> kinds, int depth = 4) {
-  const Node* p = v->node();
-  if (std::find(kinds.begin(), kinds.end(), p->kind()) != kinds.end()) return true;
-  const OpEntry* e = find_entry(p);
-  using K = op::kind;
-  static const std::unordered_set<K> unary = {K::ReLU, K::GELU, K::Sigmoid, K::Tanh, K::Elu, K::LeakyReLU, K::Clamp,
-                                              K::HardSwish, K::HardSigmoid, K::Exp, K::Log, K::Sqrt, K::Abs,
-                                              K::Square, K::Round, K::Pow};
-  if (!e || depth == 0 || !(unary.count(e->kind) || is_binary_op(p))) return false;
-  for (const Value* in : p->inputs())
-    if (is_tensor(in) && fed_by(in, kinds, depth - 1)) return true;
-  return false;
-}
-
+// Binary ops oneDNN computes wrongly as post-ops there (onednn_quirks.h) stay in PyTorch.
 bool unsafe_post_op(const Node* n) {
-  Ints out = sizes(n->output());
-  for (size_t i = 0; i < 2; ++i) {
-    const Value* other = n->input(1 - i);
-    auto t = other->type()->cast<TensorType>();
-    bool constant_scalar = other->node()->kind() == c10::prim::Constant && t && t->numel() == 1;
-    if (fed_by(n->input(i), {c10::aten::softmax, c10::aten::log_softmax}) && !constant_scalar)
-      return true;
-    if (fed_by(n->input(i), {c10::aten::linear, c10::aten::matmul, c10::aten::bmm})) {
-      Ints o = sizes(other);
-      if (out.size() >= 3 && out.back() > 1 && !o.empty() && o.back() == 1 && !(t && t->numel() == 1)) return true;
-    }
-  }
-  return false;
+  return quirks::softmax_binary_post_op(n) || quirks::matmul_last_dim_broadcast_post_op(n);
 }
 bool elementwise_binary(const Node* n, OpSpec& s) { return !unsafe_post_op(n) && binary(n, s); }
 bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split out by prepare_binary
@@ -129,17 +96,9 @@ bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
   return true;
 }
 
-bool after_convolution(const Value* v) {
-  auto k = v->node()->kind();
-  return k == c10::aten::_convolution || k == c10::aten::conv1d || k == c10::aten::conv2d || k == c10::aten::conv3d;
-}
-
 bool batch_norm(const Node* n, OpSpec& s) {
   if (bool_arg(n, 5).value_or(true) || rank(n->input(0)) < 2) return false;  // inference only
-  // oneDNN v3.2 folds a bf16 batch norm into a convolution correctly, but runs one after a matmul
-  // as its own primitive reading the bf16 statistics as f32: garbage (found by fuzzing).
-  auto dtype = n->input(0)->type()->expect<TensorType>()->scalarType();
-  if (dtype == c10::ScalarType::BFloat16 && !after_convolution(n->input(0))) return false;
+  if (quirks::bf16_batch_norm_after_non_conv(n)) return false;
   for (size_t i = 1; i <= 4; ++i)
     if (is_none(n, i) || rank(n->input(i)) != 1) return false;
   auto eps = scalar_arg(n, 7);
@@ -149,15 +108,8 @@ bool batch_norm(const Node* n, OpSpec& s) {
   return true;
 }
 
-// oneDNN v3.2's matmul producing one output column (a matrix-vector product) measured 2-10x slower
-// than PyTorch's here (DeepAndWide's [64,1,32] x [64,32,1] bmm: 89 us against 9 us): leave those.
-bool one_output_column(const Node* n) {
-  Ints out = sizes(n->output());
-  return !out.empty() && out.back() == 1;
-}
-
 bool linear(const Node* n, OpSpec& s) {
-  if (rank(n->input(0)) < 2 || rank(n->input(1)) != 2 || one_output_column(n)) return false;
+  if (rank(n->input(0)) < 2 || rank(n->input(1)) != 2 || quirks::matrix_vector_product(n)) return false;
   s.in(n->input(0)).in(n->input(1));
   if (!is_none(n, 2)) {
     if (rank(n->input(2)) != 1) return false;
@@ -170,7 +122,7 @@ bool linear(const Node* n, OpSpec& s) {
 bool matmul(const Node* n, OpSpec& s) {
   // 1-D operands have vector semantics in PyTorch; leave them to PyTorch.
   int64_t ra = rank(n->input(0)), rb = rank(n->input(1));
-  if (ra < 2 || rb < 2 || ra != rb || one_output_column(n)) return false;
+  if (ra < 2 || rb < 2 || ra != rb || quirks::matrix_vector_product(n)) return false;
   return binary(n, s);
 }
 
@@ -210,12 +162,7 @@ bool gelu(const Node* n, OpSpec& s) {
   return str_arg(n, 1).value_or("") == "none" && unary(n, s);
 }
 
-// oneDNN v3.2's Round has no bf16 kernel: alone it forms no partition, but round + add does, and
-// fails to compile (found by fuzzing).
-bool round_f32(const Node* n, OpSpec& s) {
-  auto t = n->input(0)->type()->cast<TensorType>();
-  return t && t->scalarType() == c10::ScalarType::Float && unary(n, s);
-}
+bool round(const Node* n, OpSpec& s) { return !quirks::bf16_round(n) && unary(n, s); }
 
 bool pow_scalar(const Node* n, OpSpec& s) {
   auto e = scalar_arg(n, 1);
@@ -239,8 +186,7 @@ bool softmax(const Node* n, OpSpec& s) {
 bool layer_norm(const Node* n, OpSpec& s) {
   auto shape = ints_arg(n, 1);
   auto eps = scalar_arg(n, 4);
-  // oneDNN v3.2 has no layer normalization primitive for 1-D data: it fails to compile.
-  if (!shape || !eps || shape->size() != 1 || rank(n->input(0)) < 2) return false;
+  if (!shape || !eps || shape->size() != 1 || quirks::one_dim_layer_norm(n)) return false;
   bool affine = !is_none(n, 2) && !is_none(n, 3);
   if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;
   s.in(n->input(0));
@@ -481,7 +427,7 @@ const std::vector<OpEntry>& op_table() {
       {"aten::sqrt(Tensor self) -> Tensor", K::Sqrt, kShapePreserving, unary},
       {"aten::abs(Tensor self) -> Tensor", K::Abs, kShapePreserving, unary},
       {"aten::square(Tensor self) -> Tensor", K::Square, kShapePreserving, unary},
-      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving, round_f32},
+      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving, round},
       {"aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", K::Pow, kShapePreserving, pow_scalar},
       // data movement
       {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", K::Concat, kKeepsNaN, cat},

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "jit/codegen/onednn/onednn_quirks.h"
 #include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
 
@@ -47,6 +48,7 @@ Value* requantized_conv_operand(Node* add) {
     const OpEntry* e = find_entry(conv);
     if (!e || (e->kind != op::kind::Convolution && e->kind != op::kind::MatMul) || !map_node(conv)) continue;
     if (!is_dequantize(conv->input(0)) || !is_dequantize(conv->input(1)) || conv->output()->uses().size() != 1) continue;
+    if (quirks::int8_sum_of_own_input(add, add->input(1 - i), conv)) continue;
     return d;
   }
   return nullptr;

@@ -1,6 +1,9 @@
 #include "jit/codegen/onednn/runtime.h"
 
+#include "onednn/torch_onednn.h"
+
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
@@ -9,9 +12,13 @@ namespace llga::runtime {
 
 namespace {
 // TORCH_LLGA_ENABLE=1 turns the fuser on when the library loads (servers gain it without code changes).
+// Without torch's oneDNN it stays off, and says why (a server that preloads the library should not
+// fail to start, nor fuse silently nothing).
 bool enabled_by_environment() {
   const char* env = std::getenv("TORCH_LLGA_ENABLE");
-  return env && std::strcmp(env, "1") == 0;
+  if (!env || std::strcmp(env, "1") != 0) return false;
+  if (!onednn::load_error().empty()) std::fprintf(stderr, "%s; the fuser stays off\n", onednn::load_error().c_str());
+  return true;
 }
 
 std::atomic<bool> g_enabled{enabled_by_environment()};
@@ -21,13 +28,16 @@ std::atomic<int64_t> g_cache_capacity{16};
 
 // The constant weight cache: oneDNN keeps the reordered copy of each constant (frozen weight)
 // input so weights are reordered once, not per call. On by default; DNNL_GRAPH_CONSTANT_CACHE=0
-// turns it off. It applies to partitions compiled after it is set, so it is set at load time.
-struct ConstantCacheInit {
-  ConstantCacheInit() {
-    const char* env = std::getenv("DNNL_GRAPH_CONSTANT_CACHE");
-    dnnl::graph::set_constant_tensor_cache(env && std::strcmp(env, "0") == 0 ? 0 : 1);
-  }
-} g_constant_cache_init;
+// turns it off. oneDNN's capacity is in MB and, once reached, it caches nothing more (no eviction):
+// 1 TiB means "unbounded", the old on/off switch's meaning. An explicit
+// ONEDNN_GRAPH_CONSTANT_TENSOR_CACHE_CAPACITY is left to oneDNN. Set before the first compilation
+// (it applies to partitions compiled after it), when the engine is made.
+constexpr size_t kConstantCacheMB = size_t(1) << 20;
+void init_constant_cache() {
+  if (std::getenv("ONEDNN_GRAPH_CONSTANT_TENSOR_CACHE_CAPACITY")) return;
+  const char* env = std::getenv("DNNL_GRAPH_CONSTANT_CACHE");
+  dnnl::graph::set_constant_tensor_cache_capacity(dnnl::engine::kind::cpu, env && std::strcmp(env, "0") == 0 ? 0 : kConstantCacheMB);
+}
 
 // oneDNN's buffers (the constant cache's reordered weights above all) in transparent huge pages
 // where the kernel grants them on request (THP "madvise" mode): a model's weights are streamed
@@ -47,8 +57,20 @@ void* allocate(size_t size, size_t alignment) {
 void deallocate(void* p) { free(p); }
 }  // namespace
 
+bool constant_cache_enabled() {
+  engine();  // the capacity is set with the engine
+  return dnnl::graph::get_constant_tensor_cache_capacity(dnnl::engine::kind::cpu) > 0;
+}
+
+void flush_constant_cache() {
+  size_t capacity = (engine(), dnnl::graph::get_constant_tensor_cache_capacity(dnnl::engine::kind::cpu));
+  if (capacity == 0) return;
+  dnnl::graph::set_constant_tensor_cache_capacity(dnnl::engine::kind::cpu, 0);  // setting it flushes
+  dnnl::graph::set_constant_tensor_cache_capacity(dnnl::engine::kind::cpu, capacity);
+}
+
 dnnl::engine& engine() {
-  static dnnl::engine e = dnnl::graph::make_engine_with_allocator(dnnl::engine::kind::cpu, 0, dnnl::graph::allocator(allocate, deallocate));
+  static dnnl::engine e = (init_constant_cache(), dnnl::graph::make_engine_with_allocator(dnnl::engine::kind::cpu, 0, dnnl::graph::allocator(allocate, deallocate)));
   return e;
 }
 
@@ -62,7 +84,7 @@ Stats& stats() {
   return s;
 }
 
-bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
+bool enabled() { return g_enabled.load(std::memory_order_relaxed) && onednn::load_error().empty(); }
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 bool fuse_all_partitions() { return g_fuse_all_partitions.load(std::memory_order_relaxed); }
 void set_fuse_all_partitions(bool on) { g_fuse_all_partitions.store(on, std::memory_order_relaxed); }

@@ -10,7 +10,12 @@ namespace llga::runtime {
 dnnl::engine& engine();
 dnnl::stream& stream();  // one per thread: oneDNN streams are not meant to be shared across threads
 
-// The fuser switch, read by the pass on every graph it optimizes.
+// oneDNN's constant weight cache (reordered frozen weights): whether it is on, and dropping what it
+// holds (every module's; each reorders its weights again on its next call).
+bool constant_cache_enabled();
+void flush_constant_cache();
+
+// The fuser switch (always off when torch's oneDNN could not be bound: onednn::load_error()), read by the pass on every graph it optimizes.
 bool enabled();
 void set_enabled(bool on);
 
