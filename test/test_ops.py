@@ -208,6 +208,13 @@ def test_layer_norm():
     check(ln, x, groups=[["layer_norm"]])
 
 
+def test_layer_norm_of_a_1d_input_stays_in_pytorch():
+    # v3.2 offered a 1-D layer norm partition it could not compile; 3.12 offers none.
+    ln = torch.nn.LayerNorm(16).requires_grad_(False)
+    fused = check(lambda a: ln(torch.relu(a)), torch.randn(16), groups=[["relu"]])
+    assert fused.unfused == ["layer_norm"]
+
+
 def test_layer_norm_without_affine():
     check(lambda a: F.layer_norm(a, [16]), x, groups=[["layer_norm"]])
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch_llga
 
-from conftest import Fused, check, opaque_outputs
+from conftest import FP32, Fused, check, opaque_outputs
 
 
 class ConvBnRelu(nn.Module):
@@ -178,21 +178,31 @@ def test_mlp_chain():
 @pytest.mark.parametrize("op,fn,out_shape", [
     ("max_pool2d", lambda a: F.max_pool2d(a, 2), (3, 5, 4, 4)),
     ("avg_pool2d", lambda a: F.avg_pool2d(a, 2), (3, 5, 4, 4)),
-    ("softmax", lambda a: F.softmax(a, -1), (3, 5, 8, 8)),
 ])
 def test_binary_post_ops_onednn_gets_wrong(op, fn, out_shape):
-    # oneDNN v3.2 computes a binary post-op of pooling with an output-sized operand, and of softmax
-    # with some broadcast ones (x * [1, 5, 1]), wrongly (found by fuzzing): such an op stays in
-    # PyTorch; a constant scalar still fuses.
+    # oneDNN (v3.2 and 3.12) computes a binary post-op of pooling with an output-sized or broadcast
+    # operand wrongly (found by fuzzing): such an op stays in PyTorch; a constant scalar still fuses.
     x = torch.randn(3, 5, 8, 8)
     check(lambda a, b: fn(a) + b, x, torch.randn(out_shape), groups=[[op]])
     check(lambda a, b: fn(a) * b, x, torch.randn(1, 5, 1, 1), groups=[[op]])
     check(lambda a: fn(a) * 0.5, x, groups=[[op, "mul"]])
 
 
+@pytest.mark.parametrize("operand", [(3, 5, 8, 8), (1, 5, 1, 1), (5, 1, 1), (8,), (1, 1, 8, 1)])
+def test_softmax_binary_post_ops(operand):
+    # v3.2 computed these wrongly (garbage for [1, 5, 1, 1], no compilation for lower ranks; found by
+    # fuzzing) and they stayed in PyTorch; 3.12 computes them right.
+    x, b = torch.randn(3, 5, 8, 8), torch.randn(operand)
+    fn = lambda a, c: F.softmax(a, -1) * c  # noqa: E731
+    fused = check(fn, x, b, groups=[["softmax", "mul"]])
+    if operand[0] == 1 or len(operand) < 4:  # another batch size: recompiled, still right
+        x2 = torch.randn(2, 5, 8, 8)
+        torch.testing.assert_close(fused(x2, b), fn(x2, b), **FP32)
+
+
 def test_bf16_batch_norm_only_after_conv():
-    # oneDNN v3.2 runs a bf16 batch norm after a matmul reading its bf16 statistics as f32: garbage
-    # (found by fuzzing). After a conv it is folded in correctly.
+    # oneDNN v3.2 ran a bf16 batch norm after a matmul reading its bf16 statistics as f32: garbage
+    # (found by fuzzing). 3.12 forms no such partition. After a conv it is folded in correctly.
     bn = nn.BatchNorm1d(8).eval()
     bn.running_mean.uniform_(-1, 1)
     bn.running_var.uniform_(0.5, 2)

@@ -5,7 +5,7 @@
 // regression test that covers it.
 //
 // TORCH_LLGA_QUIRKS_OFF=name[,name...] (or "all") turns workarounds off, to re-test them on a new
-// oneDNN (`TORCH_LLGA_QUIRKS_OFF=pooling_binary_post_op pytest test/test_patterns.py`); never
+// oneDNN (`TORCH_LLGA_QUIRKS_OFF=bf16_round pytest test/test_ops.py`); never
 // for production use.
 #include <torch/csrc/jit/ir/ir.h>
 
@@ -16,12 +16,9 @@ namespace llga::quirks {
 using torch::jit::Node;
 
 // op_table.cpp: mappings refused.
-bool softmax_binary_post_op(const Node* binary);          // x = softmax(..) * broadcast operand: garbage
 bool matmul_last_dim_broadcast_post_op(const Node* binary);  // matmul(..) + [.., 1]: wrong
-bool bf16_batch_norm_after_non_conv(const Node* batch_norm);   // bf16 statistics read as f32
 bool matrix_vector_product(const Node* matmul);           // N = 1: several times slower than PyTorch
 bool bf16_round(const Node* round);                       // no bf16 Round kernel: fails to compile
-bool one_dim_layer_norm(const Node* layer_norm);          // no 1-D layer norm primitive
 
 // graph_fuser.cpp: binary ops sharing a partition with the pooling they read.
 bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
@@ -30,8 +27,7 @@ bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const N
 bool int8_sum_of_own_input(const Node* add, const torch::jit::Value* residual, const Node* conv);
 
 // kernel.cpp: the layouts handed to oneDNN.
-bool copy_transposed_inputs();       // a binary op's broadcast post-op along the wrong dim
-bool canonical_unit_dim_strides();   // odd strides of size-1 dims: a crash, reference kernels
+bool copy_transposed_inputs();  // a binary op's broadcast post-op along the wrong dim
 
 // The names of every quirk (for tests and TORCH_LLGA_QUIRKS_OFF's check).
 const std::vector<const char*>& names();

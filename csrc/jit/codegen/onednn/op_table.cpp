@@ -70,7 +70,7 @@ bool binary(const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)); retur
 
 // Binary ops oneDNN computes wrongly as post-ops there (onednn_quirks.h) stay in PyTorch.
 bool unsafe_post_op(const Node* n) {
-  return quirks::softmax_binary_post_op(n) || quirks::matmul_last_dim_broadcast_post_op(n);
+  return quirks::matmul_last_dim_broadcast_post_op(n);
 }
 bool elementwise_binary(const Node* n, OpSpec& s) { return !unsafe_post_op(n) && binary(n, s); }
 bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split out by prepare_binary
@@ -98,7 +98,6 @@ bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
 
 bool batch_norm(const Node* n, OpSpec& s) {
   if (bool_arg(n, 5).value_or(true) || rank(n->input(0)) < 2) return false;  // inference only
-  if (quirks::bf16_batch_norm_after_non_conv(n)) return false;
   for (size_t i = 1; i <= 4; ++i)
     if (is_none(n, i) || rank(n->input(i)) != 1) return false;
   auto eps = scalar_arg(n, 7);
@@ -186,7 +185,7 @@ bool softmax(const Node* n, OpSpec& s) {
 bool layer_norm(const Node* n, OpSpec& s) {
   auto shape = ints_arg(n, 1);
   auto eps = scalar_arg(n, 4);
-  if (!shape || !eps || shape->size() != 1 || quirks::one_dim_layer_norm(n)) return false;
+  if (!shape || !eps || shape->size() != 1) return false;
   bool affine = !is_none(n, 2) && !is_none(n, 3);
   if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;
   s.in(n->input(0));
