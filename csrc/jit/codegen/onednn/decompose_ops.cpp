@@ -32,30 +32,6 @@ graph(%x):
   %r = aten::mul(%x, %s)
   return (%r))IR";
 
-// gelu(x, approximate="tanh"): oneDNN v3.2's GELU is the erf form only, so spell out the tanh form
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in ops it has.
-const char* kGelu = R"IR(
-graph(%x, %approximate):
-  %r = aten::gelu(%x, %approximate)
-  return (%r))IR";
-const char* kGeluTanhDecomposed = R"IR(
-graph(%x, %approximate):
-  %half : float = prim::Constant[value=0.5]()
-  %one : float = prim::Constant[value=1.]()
-  %alpha : int = prim::Constant[value=1]()
-  %kappa : float = prim::Constant[value=0.044715]()
-  %beta : float = prim::Constant[value=0.79788456080286541]()
-  %x2 = aten::mul(%x, %x)
-  %x3 = aten::mul(%x2, %x)
-  %kx3 = aten::mul(%x3, %kappa)
-  %inner = aten::add(%x, %kx3, %alpha)
-  %scaled = aten::mul(%inner, %beta)
-  %t = aten::tanh(%scaled)
-  %t1 = aten::add(%t, %one, %alpha)
-  %hx = aten::mul(%x, %half)
-  %r = aten::mul(%hx, %t1)
-  return (%r))IR";
-
 // addmm(bias, a, b, beta, alpha) = alpha (a @ b) + beta bias; prepare_binary drops the products by 1.
 const char* kAddmm = R"IR(
 graph(%bias, %a, %b, %beta, %alpha):
@@ -154,14 +130,6 @@ void DecomposeOps(std::shared_ptr<Graph>& g) {
   silu.runOnGraph(g, [](const Match& match, const std::unordered_map<std::string, Value*>& vmap) {
     Value* x = match.values_map.at(vmap.at("x"));
     return after_compute_op(x) || large(x);
-  });
-
-  SubgraphRewriter gelu;
-  gelu.RegisterRewritePattern(kGelu, kGeluTanhDecomposed);
-  gelu.runOnGraph(g, [](const Match& match, const std::unordered_map<std::string, Value*>& vmap) {
-    auto approximate = matched_constant(match, vmap, "approximate");
-    return approximate && approximate->isString() && approximate->toStringRef() == "tanh" &&
-           large(match.values_map.at(vmap.at("x")));
   });
 
   SubgraphRewriter addmm;

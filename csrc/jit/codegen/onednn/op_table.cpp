@@ -157,8 +157,10 @@ bool leaky_relu(const Node* n, OpSpec& s) {
 }
 
 bool gelu(const Node* n, OpSpec& s) {
-  // oneDNN v3.2's GELU is the erf form; the tanh form is decomposed by decompose_ops.
-  return str_arg(n, 1).value_or("") == "none" && unary(n, s);
+  auto approximate = str_arg(n, 1);
+  if (approximate == "tanh") s.attr(A::mode, std::string("gelu_tanh"));  // default: "gelu_erf"
+  else if (approximate != "none") return false;
+  return unary(n, s);
 }
 
 bool round(const Node* n, OpSpec& s) { return !quirks::bf16_round(n) && unary(n, s); }
