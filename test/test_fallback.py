@@ -127,3 +127,26 @@ def test_size_one_dims_with_any_stride(all_partitions):
     a, b = torch.randn(2, 1, 3), torch.randn(2, 2, 3)[:, ::2]
     assert b.stride() == (6, 6, 1)
     check(torch.add, a, b, groups=[["add"]])
+
+
+class ManyLinearsOfOneElement(nn.Module):
+    """Found by fuzzing: oneDNN 3.12's pattern matcher throws std::out_of_range ("vector::_M_range_check",
+    the message PyTorch's built-in fuser crashes with on DeepAndWide) partitioning this graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.ParameterList([nn.Parameter(torch.randn(8, 1)) for _ in range(4)])
+        self.w5, self.w8, self.b8 = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(1, 8)), nn.Parameter(torch.randn(8))
+
+    def forward(self, x0, x1):
+        F.linear(x0, self.w[0]), F.linear(x0, self.w[1]), F.linear(x0, self.w[2])
+        v5 = F.linear(torch.bmm(x0, x1), self.w5)
+        v8 = torch.addmm(self.b8, x0.reshape((1, -1)), self.w8)
+        return v5, F.linear(x0, self.w[3]), v8
+
+
+def test_block_onednn_cannot_partition_runs_unfused(all_partitions):
+    model = ManyLinearsOfOneElement().requires_grad_(False)
+    fused = check(model, torch.randn(1, 1, 1), torch.randn(1, 1, 8), freeze=False, groups=[])
+    assert any("oneDNN could not partition this block" in n.s("llga_unfused")
+               for n in fused.graph.nodes() if n.hasAttribute("llga_unfused"))

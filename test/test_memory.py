@@ -83,9 +83,12 @@ def module_growth_mb(backend, **env):
 def test_dropped_modules_keep_only_what_pytorch_keeps():
     """PyTorch keeps every traced/frozen module's code and frozen weights until exit (37 MB per module
     here, plain TorchScript). With the weight cache off, release() leaves only oneDNN's primitive
-    cache entries on top (bounded: 1024 primitives; ~7 MB per module here, against 37 MB of weights);
-    oneDNN 3.2's constant cache has no eviction call, so with it on the reordered weights stay too."""
+    cache entries on top (bounded: 1024 primitives; ~7 MB per module here, against 37 MB of weights).
+    With the weight cache on, release() empties it too (oneDNN 3.12's capacity call; v3.2 had no
+    eviction call and kept every dropped module's reordered weights)."""
     plain = module_growth_mb("plain")
     released = module_growth_mb("llga", DNNL_GRAPH_CONSTANT_CACHE="0")
+    cached = module_growth_mb("llga")
     assert 30 < plain < 45, plain  # the frozen weights PyTorch retains
     assert released < plain + 10, (released, plain)
+    assert cached < plain + 10, (cached, plain)

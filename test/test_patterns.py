@@ -362,3 +362,12 @@ def test_global_average_pool_reads_the_conv_output_in_onednn_layout():
     x = torch.randn(2, 8, 12, 12)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_permuted_output_with_a_size_one_dim(all_partitions):
+    # oneDNN 3.12 makes linear -> permute's [2, 1, 8] output with strides [8, 16, 1] (a size-1 dim's
+    # stride addresses nothing) and an add reading that computed wrong values (off by up to 1.2;
+    # found by fuzzing): the kernel hands oneDNN canonical strides for size-1 dims.
+    w = torch.randn(8, 1)
+    fn = lambda a: (F.linear(a, w).permute(1, 0, 2).abs() + 1).log()  # noqa: E731
+    check(fn, torch.randn(1, 2, 1), freeze=False, groups=[["linear", "permute"], ["abs"], ["add", "log"]])

@@ -72,22 +72,28 @@ def cache_capacity():
 
 
 def release(module=None):
-    """Frees the compiled oneDNN partitions (and oneDNN's reordered copies of the weights) of a
-    module's fusion groups, or of every module when none is given; returns how many were freed.
-    The module still works: its next call compiles again.
+    """Frees the compiled oneDNN partitions of a module's fusion groups, or of every module when
+    none is given, and empties oneDNN's constant weight cache (the reordered weights of every
+    module: the others reorder theirs again on their next call); returns how many partitions were
+    freed. The module still works: its next call compiles again.
 
     Why this exists: PyTorch keeps the code of every traced or frozen module (its graph, frozen
     weights and executor, and so our compiled partitions) in its global compilation unit until
     the process exits, even after the module is deleted. Call this before dropping a module."""
     if module is None:
-        return _C._release_all()
-    if not isinstance(module, torch.jit.ScriptModule):
-        raise TypeError(f"release() takes a TorchScript module (torch.jit.trace/script/freeze), not {type(module).__name__}")
-    try:
-        state = module.get_debug_state()
-    except RuntimeError:  # never optimized (called fewer than twice): nothing compiled
-        return 0
-    return sum(_C._release(plan.graph) for plan in state.execution_plans.values())
+        released = _C._release_all()
+    else:
+        if not isinstance(module, torch.jit.ScriptModule):
+            raise TypeError(f"release() takes a TorchScript module (torch.jit.trace/script/freeze), not {type(module).__name__}")
+        try:
+            state = module.get_debug_state()
+        except RuntimeError:  # never optimized (called fewer than twice): nothing compiled
+            return 0
+        released = sum(_C._release(plan.graph) for plan in state.execution_plans.values())
+    # oneDNN's constant cache can only be emptied whole: other modules reorder their weights once more
+    # on their next call.
+    _C._flush_constant_cache()
+    return released
 
 
 def explain(module, *inputs, verbose=True):

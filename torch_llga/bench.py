@@ -190,7 +190,8 @@ def ratio_columns(backends):
 
 
 def markdown(rows, backends, args):
-    head = f"torch {torch.__version__}, oneDNN (torch_llga) {torch_llga.onednn_version()}, " \
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    head = f"{cpu}; torch {torch.__version__}, oneDNN {torch_llga.onednn_version()} (torch's own, for every backend), " \
            f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms"
     cols = ratio_columns(backends)
     lines = [head, "", "| model | " + " | ".join(backends) + "".join(f" | llga vs {h}" for h, _ in cols) +

@@ -35,7 +35,8 @@ def main():
     torch.manual_seed(0)
     model = getattr(torchvision.models, args.model)().eval()  # random weights: nothing downloaded
     x = torch.rand(1, 3, 224, 224)
-    print(f"torch {torch.__version__}, oneDNN {torch_llga.onednn_version()}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, oneDNN {torch_llga.onednn_version()} (inside torch's libtorch_cpu.so), "
+          f"{torch.get_num_threads()} threads")
     print(f"{args.model}, input {tuple(x.shape)}, traced and frozen\n")
 
     with torch.no_grad():

@@ -143,8 +143,17 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
     }
   }
 
-  g.finalize();
-  built.partitions = g.get_partitions(dnnl::graph::partition::policy::fusion);
+  // oneDNN 3.12's pattern matcher can throw std::out_of_range from get_partitions (a linear of a
+  // [1, 1, 1] input beside others: found by fuzzing; PyTorch's built-in fuser crashes on DeepAndWide
+  // with the same message): the block is then left to PyTorch.
+  try {
+    g.finalize();
+    built.partitions = g.get_partitions(dnnl::graph::partition::policy::fusion);
+  } catch (const std::exception& e) {
+    GRAPH_DEBUG("oneDNN could not partition the block (", e.what(), "): left to PyTorch");
+    built.partitions.clear();
+    built.failure = e.what();
+  }
   return built;
 }
 

@@ -139,6 +139,8 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
     built = build_graph(block, opts);
   }
   mark_unmapped(block, built, db);
+  if (!built.failure.empty())
+    for (const auto& [id, n] : built.op_nodes) n->s_(kUnfusedReason, "oneDNN could not partition this block: " + built.failure);
   for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN computes that post-op wrongly (onednn_quirks.h)");
 
   std::vector<std::vector<Node*>> partitions;

@@ -64,11 +64,11 @@ bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initi
   return true;
 }
 
-// Strides with those of size-1 dims (which address nothing) made canonical: dense tensors
-// (contiguous or channels-last) get that format's own strides; others the next dim's extent. For
-// comparing layouts that may differ only there.
+// Strides with those of size-1 dims (which address nothing) made canonical, where
+// quirks::canonical_unit_dim_strides() says: dense tensors (contiguous or channels-last) get that
+// format's own strides; others the next dim's extent.
 std::vector<int64_t> unit_dims_dense(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  if (std::find(sizes.begin(), sizes.end(), 1) == sizes.end()) return strides.vec();
+  if (std::find(sizes.begin(), sizes.end(), 1) == sizes.end() || !quirks::canonical_unit_dim_strides()) return strides.vec();
   auto contiguous = [&] { auto s = c10::contiguous_strides(sizes); return std::vector<int64_t>(s.begin(), s.end()); };
   if (sizes.size() == 4 && dense_in_order(sizes, strides, {0, 1, 2, 3})) return contiguous();
   if (sizes.size() == 4 && dense_in_order(sizes, strides, {0, 2, 3, 1})) return c10::get_channels_last_strides_2d(sizes);
@@ -248,7 +248,7 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     out_qparams_.push_back(q);
     opaque_port_.push_back(opaque_output_[j] && !q);
     out_sizes_.push_back(sizes);
-    out_strides_.push_back(strides);
+    out_strides_.push_back(unit_dims_dense(sizes, strides));
     out_dtypes_.push_back(*t->scalarType());
   }
 }
@@ -277,11 +277,12 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
       const auto& d = llga_impl(t).desc();
       c.inputs.push_back(d.get_layout_type() == logical_tensor::layout_type::opaque
                              ? logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_layout_id(), prop)
-                             : logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_strides(), prop));
+                             : logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(),
+                                              unit_dims_dense(d.get_dims(), d.get_strides()), prop));
     } else {
       bool scalar = t.dim() == 0;  // a 0-dim constant: [1] to oneDNN
       c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), scalar ? std::vector<int64_t>{1} : t.sizes().vec(),
-                            scalar ? std::vector<int64_t>{1} : t.strides().vec(), prop);
+                            scalar ? std::vector<int64_t>{1} : unit_dims_dense(t.sizes(), t.strides()), prop);
     }
   }
   // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
@@ -335,7 +336,7 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
     for (const auto& lt : c.outputs) c.out_tensors.emplace_back(lt, runtime::engine(), nullptr);
     GRAPH_DEBUG("Compiled a partition of ", partition_.get_ops_num(), " ops for ", c.inputs.size(), " inputs; outputs: ",
                 describe_layouts(c.outputs));
-  } catch (const dnnl::error& e) {
+  } catch (const std::exception& e) {  // dnnl::error, or a C++ exception oneDNN let through its C API
     GRAPH_DEBUG("oneDNN could not compile the partition (", e.what(), "); running it unfused:\n", *subgraph_);
     c.fallback = true;
   }

@@ -8,15 +8,13 @@
 //   (test_patterns.py::test_binary_post_ops_onednn_gets_wrong, softmax case);
 // - a bf16 batch norm after a matmul read its bf16 statistics as f32 (v3.2): 3.12 forms no such
 //   partition (test_patterns.py::test_bf16_batch_norm_only_after_conv);
-// - odd strides of size-1 dims: a crash compiling an add of a [1] slice of stride 2, and int8
-//   max-pool's reference kernel for an N = 1 channels-last tensor read as "cdab" (v3.2); those
-//   strides went to oneDNN canonicalized (test_fallback.py::test_size_one_dims_with_any_stride,
-//   test_int8.py::test_int8_kernels_are_not_reference_ones);
 // - no layer normalization primitive for 1-D data: v3.2 offered the partition and failed to
 //   compile it; 3.12 offers none (test_ops.py::test_layer_norm_of_a_1d_input_stays_in_pytorch).
 // Handled without a predicate: v3.2's End op rejected boolean tensors (graph_builder.cpp skips the
 // End; test_fallback.py::test_graph_returning_a_bool_mask); 3.12 compiles no lone Reorder for an
-// "any" output layout (the kernel asks for strided outputs again; test_fuzz.py).
+// "any" output layout (the kernel asks for strided outputs again; test_fuzz.py); 3.12's pattern
+// matcher can throw std::out_of_range out of get_partitions (graph_builder.cpp leaves the block to
+// PyTorch; test_fallback.py::test_block_onednn_cannot_partition_runs_unfused).
 #include "jit/codegen/onednn/onednn_quirks.h"
 
 #include <torch/csrc/jit/jit_log.h>
@@ -37,7 +35,7 @@ using K = dnnl::graph::op::kind;
 const std::vector<const char*>& names() {
   static const std::vector<const char*> all = {
       "matmul_last_dim_broadcast_post_op", "matrix_vector_product", "bf16_round",
-      "pooling_binary_post_op", "int8_sum_of_own_input", "copy_transposed_inputs"};
+      "pooling_binary_post_op", "int8_sum_of_own_input", "copy_transposed_inputs", "canonical_unit_dim_strides"};
   return all;
 }
 
@@ -157,6 +155,19 @@ bool int8_sum_of_own_input(const Node* add, const Value* residual, const Node* c
 // test_patterns.py::test_transposed_inputs_to_a_binary_with_broadcast_post_op.
 bool copy_transposed_inputs() {
   static const bool on = active("copy_transposed_inputs");
+  return on;
+}
+
+// v3.2 and 3.12.0: oneDNN reads a layout from every stride, also of size-1 dims, which address
+// nothing. v3.2 crashed compiling an add of a [1] slice of stride 2, and read a channels-last int8
+// tensor with N = 1 whose N stride was not the outermost as "cdab" (int8 max-pool then ran its
+// reference kernel, 100x slower); 3.12 handles both (test_fallback.py::test_size_one_dims_with_any_stride,
+// test_int8.py::test_int8_kernels_are_not_reference_ones), but computes wrong values where its own
+// output carries such a stride: linear -> permute gives [2, 1, 8] with strides [8, 16, 1], and an
+// add reading that was off by up to 1.2 (fuzzing; test_patterns.py::test_permuted_output_with_a_size_one_dim).
+// Such strides go to oneDNN canonical.
+bool canonical_unit_dim_strides() {
+  static const bool on = active("canonical_unit_dim_strides");
   return on;
 }
 

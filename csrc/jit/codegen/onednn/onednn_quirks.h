@@ -27,7 +27,8 @@ bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const N
 bool int8_sum_of_own_input(const Node* add, const torch::jit::Value* residual, const Node* conv);
 
 // kernel.cpp: the layouts handed to oneDNN.
-bool copy_transposed_inputs();  // a binary op's broadcast post-op along the wrong dim
+bool copy_transposed_inputs();      // a binary op's broadcast post-op along the wrong dim
+bool canonical_unit_dim_strides();  // odd strides of size-1 dims: wrong values, a crash
 
 // The names of every quirk (for tests and TORCH_LLGA_QUIRKS_OFF's check).
 const std::vector<const char*>& names();
