@@ -252,12 +252,56 @@ class SelfAttention(nn.Module):
         return (out, weights) if self.need_weights else out
 
 
-def test_multi_head_self_attention_projections_fuse():
-    # The inference fast path (one aten::_native_multi_head_attention) is spelled out so that its
-    # projections run as oneDNN matmuls; the attention itself stays PyTorch's SDPA kernel.
-    fused = check(SelfAttention(), torch.randn(2, 10, 64), groups=[["layer_norm"], ["linear"], ["linear"]])
-    assert "aten::scaled_dot_product_attention" in str(fused.graph)
+SDPA_GROUP = ["matmul", "mul", "softmax", "matmul"]
+
+
+def test_multi_head_self_attention_fuses():
+    # The inference fast path (one aten::_native_multi_head_attention) is spelled out: its
+    # projections run as oneDNN matmuls and the attention as oneDNN's SDPA partition.
+    fused = check(SelfAttention(), torch.randn(2, 10, 64), groups=[["layer_norm"], ["linear"], SDPA_GROUP, ["linear"]])
+    assert "aten::scaled_dot_product_attention" not in str(fused.graph)
     assert "aten::_native_multi_head_attention" not in str(fused.graph)
+
+
+def sdpa(q, k, v, mask):
+    return F.scaled_dot_product_attention(q.relu(), k.relu(), v.relu(), attn_mask=mask)
+
+
+@pytest.mark.parametrize("mask", ["none", "float", "bool"])
+def test_scaled_dot_product_attention_is_one_partition(mask):
+    # BERT (transformers' "sdpa" attention, traced: a boolean mask), ViT (nn.MultiheadAttention):
+    # one oneDNN SDPA kernel, 2x PyTorch's here; boolean masks select -inf (True: attend). With a
+    # mask a row may be fully masked: PyTorch's SDPA gives 0 there (not softmax's NaN), and so do
+    # oneDNN's "inf_as_zero" softmax and llga::softmax_inf_as_zero, its unfused form.
+    q, k, v = torch.randn(2, 4, 16, 32), torch.randn(2, 4, 24, 32), torch.randn(2, 4, 24, 32)
+    keep = torch.rand(2, 1, 16, 24) > 0.3
+    keep[0, 0, 3] = False  # a fully masked row
+    m = {"none": None, "float": torch.randn(2, 1, 16, 24).masked_fill(~keep, float("-inf")), "bool": keep}[mask]
+    softmax = ["softmax"] if m is None else ["llga::softmax_inf_as_zero"]
+    group = SDPA_GROUP[:2] + {"none": [], "float": ["add"], "bool": ["where"]}[mask] + softmax + SDPA_GROUP[3:]
+    if m is None:
+        fused = check(lambda a, b, c: sdpa(a, b, c, None), q, k, v)
+    else:
+        # (check()'s guard accounting assumes finite inputs: a -inf mask takes the fallback)
+        fused = check(sdpa, q, k, v, m) if mask == "bool" else Fused(sdpa, (q, k, v, m))
+        torch.testing.assert_close(fused(q, k, v, m), sdpa(q, k, v, m), **FP32)
+    assert group in fused.groups, fused.groups
+    if mask == "bool":  # another mask, same sizes: still the fused kernel, still right
+        other = torch.rand(2, 1, 16, 24) > 0.5
+        torch.testing.assert_close(fused(q, k, v, other), sdpa(q, k, v, other), **FP32)
+    if m is not None:  # new sizes under the "fallback" policy: the unfused ops, still 0 for the masked row
+        torch_llga.set_shape_policy("fallback")
+        try:
+            q2, m2 = q[:1], m[:1]
+            torch.testing.assert_close(fused(q2, k[:1], v[:1], m2), sdpa(q2, k[:1], v[:1], m2), **FP32)
+        finally:
+            torch_llga.set_shape_policy("compile")
+
+
+def test_sdpa_with_dropout_or_causal_stays_in_pytorch():
+    q = torch.randn(1, 2, 8, 16)
+    fused = check(lambda a: F.scaled_dot_product_attention(a.relu(), a.relu(), a.relu(), is_causal=True), q)
+    assert "scaled_dot_product_attention" in fused.unfused
 
 
 @pytest.mark.parametrize("need_weights,mask", [(True, None), (False, torch.ones(10, 10, dtype=torch.bool).triu(1))])

@@ -281,7 +281,7 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
                                               unit_dims_dense(d.get_dims(), d.get_strides()), prop));
     } else {
       bool scalar = t.dim() == 0;  // a 0-dim constant: [1] to oneDNN
-      c.inputs.emplace_back(in_port_id_[p], *to_dnnl_dtype(t.scalar_type()), scalar ? std::vector<int64_t>{1} : t.sizes().vec(),
+      c.inputs.emplace_back(in_port_id_[p], input_dtype(t.scalar_type()), scalar ? std::vector<int64_t>{1} : t.sizes().vec(),
                             scalar ? std::vector<int64_t>{1} : unit_dims_dense(t.sizes(), t.strides()), prop);
     }
   }

@@ -184,6 +184,13 @@ bool softmax(const Node* n, OpSpec& s) {
   return true;
 }
 
+bool softmax_inf_as_zero(const Node* n, OpSpec& s) {  // decompose_ops.cpp: rows of only -inf give 0
+  auto dim = int_arg(n, 1);
+  if (!dim) return false;
+  s.in(n->input(0)).attr(A::axis, wrap_dim(*dim, rank(n->input(0)))).attr(A::mode, std::string("inf_as_zero"));
+  return true;
+}
+
 bool layer_norm(const Node* n, OpSpec& s) {
   auto shape = ints_arg(n, 1);
   auto eps = scalar_arg(n, 4);
@@ -399,6 +406,7 @@ const std::vector<OpEntry>& op_table() {
       {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN, matmul},
       {"aten::softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", K::SoftMax, kWorthAlone | kShapePreserving, softmax},
       {"aten::log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", K::LogSoftmax, kWorthAlone | kShapePreserving, softmax},
+      {"llga::softmax_inf_as_zero(Tensor self, int dim) -> Tensor", K::SoftMax, kWorthAlone | kShapePreserving, softmax_inf_as_zero},
       {"aten::max_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> Tensor",
        K::MaxPool, kWorthAlone, max_pool2d},
       {"aten::avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
@@ -409,6 +417,9 @@ const std::vector<OpEntry>& op_table() {
       {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kKeepsNaN, binary_alpha},
       {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kKeepsNaN, elementwise_binary},
       {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kKeepsNaN, elementwise_binary},
+      // where(condition, self, other): the boolean mask of attention (decompose_ops' SDPA)
+      {"aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", K::Select, kKeepsNaN,
+       [](const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)).in(n->input(2)); return true; }},
       // unary elementwise
       {"aten::relu(Tensor self) -> Tensor", K::ReLU, kShapePreserving, unary},
       {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", K::GELU, kShapePreserving, gelu},
@@ -468,10 +479,12 @@ const Index& index() {
   return idx;
 }
 
-bool supported_tensor(const Value* v) {
+// A tensor oneDNN may take: CPU, profiled, not empty, of a dtype the table maps (`condition`: a
+// Select's boolean mask instead).
+bool supported_tensor(const Value* v, bool condition = false) {
   auto t = v->type()->cast<TensorType>();
   if (!t || !t->scalarType() || !t->device() || !t->device()->is_cpu()) return false;
-  if (!to_dnnl_dtype(*t->scalarType())) return false;
+  if (condition ? *t->scalarType() != c10::ScalarType::Bool : !to_dnnl_dtype(*t->scalarType())) return false;
   auto s = t->sizes().concrete_sizes();
   auto st = t->strides().concrete_sizes();
   if (!s || !st) return false;  // unprofiled
@@ -481,6 +494,11 @@ bool supported_tensor(const Value* v) {
   return true;
 }
 }  // namespace
+
+dnnl::graph::logical_tensor::data_type input_dtype(c10::ScalarType t) {
+  if (t == c10::ScalarType::Bool) return dnnl::graph::logical_tensor::data_type::boolean;
+  return *to_dnnl_dtype(t);
+}
 
 std::optional<dnnl::graph::logical_tensor::data_type> to_dnnl_dtype(c10::ScalarType t) {
   using dt = dnnl::graph::logical_tensor::data_type;
@@ -529,6 +547,10 @@ std::optional<OpSpec> map_node(const Node* n) {
   bool quant_op = e->kind == K::Quantize || e->kind == K::Dequantize;
   if (!quant_op && c10::isQIntType(*out_dtype)) return std::nullopt;
   for (const Value* v : spec.inputs) {
+    if (e->kind == K::Select && v == spec.inputs[0]) {  // where(condition, self, other)
+      if (!supported_tensor(v, /*condition=*/true)) return std::nullopt;
+      continue;
+    }
     if (!supported_tensor(v)) return std::nullopt;
     if (!quant_op && c10::isQIntType(*v->type()->expect<TensorType>()->scalarType())) return std::nullopt;
     if (!(e->flags & kCastsDtype) && v->type()->expect<TensorType>()->scalarType() != out_dtype) return std::nullopt;
@@ -565,7 +587,8 @@ bool is_binary_op(const Node* n) {
   using K = op::kind;
   const OpEntry* e = find_entry(n);
   return e && (e->kind == K::Add || e->kind == K::Subtract || e->kind == K::Multiply || e->kind == K::Divide ||
-               e->kind == K::Maximum || e->kind == K::Minimum || e->kind == K::SquaredDifference);
+               e->kind == K::Maximum || e->kind == K::Minimum || e->kind == K::SquaredDifference ||
+               e->kind == K::Select);
 }
 
 }  // namespace llga

@@ -79,6 +79,9 @@ bool table_has_kind(c10::Symbol kind);
 // fp32/bf16, and the quantized dtypes as their int data (quint8 -> u8, qint8 -> s8).
 std::optional<dnnl::graph::logical_tensor::data_type> to_dnnl_dtype(c10::ScalarType t);
 
+// The oneDNN data type of a group input: to_dnnl_dtype's, or boolean (a Select's condition).
+dnnl::graph::logical_tensor::data_type input_dtype(c10::ScalarType t);
+
 // The scale and zero point of an aten::quantize_per_tensor node, if they are constants.
 struct QuantParams {
   double scale;

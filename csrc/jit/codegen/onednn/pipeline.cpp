@@ -32,11 +32,14 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
 namespace {
 const auto registered = torch::jit::registerPrePass([](std::shared_ptr<Graph>& g) { RunPipeline(g); });
 
-// The executor profiles the tensors TensorExpr ops read and write; quantize_per_tensor and dequantize
-// are not among them, so the quantized tensors between them would reach us without sizes or dtype.
+// The executor profiles the tensors TensorExpr ops read and write; quantize_per_tensor, dequantize
+// and scaled_dot_product_attention are not among them, so the quantized tensors between the first
+// two would reach us without sizes or dtype, and attention's q, k, v and mask too (DecomposeOps
+// spells attention out only for profiled ones).
 const bool profiled_quantization = [] {
   torch::jit::RegisterProfilingNode([](const Node* n) {
-    return n->kind() == c10::aten::quantize_per_tensor || n->kind() == c10::aten::dequantize;
+    return n->kind() == c10::aten::quantize_per_tensor || n->kind() == c10::aten::dequantize ||
+           n->kind() == c10::aten::scaled_dot_product_attention;
   });
   return true;
 }();
