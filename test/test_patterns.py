@@ -255,11 +255,12 @@ class SelfAttention(nn.Module):
 SDPA_GROUP = ["matmul", "mul", "softmax", "matmul"]
 
 
-def test_multi_head_self_attention_fuses():
-    # The inference fast path (one aten::_native_multi_head_attention) is spelled out: its
-    # projections run as oneDNN matmuls and the attention as oneDNN's SDPA partition.
-    fused = check(SelfAttention(), torch.randn(2, 10, 64), groups=[["layer_norm"], ["linear"], SDPA_GROUP, ["linear"]])
-    assert "aten::scaled_dot_product_attention" not in str(fused.graph)
+def test_multi_head_self_attention_projections_fuse():
+    # The inference fast path (one aten::_native_multi_head_attention) is spelled out so that its
+    # projections run as oneDNN matmuls; q, k, v are then strided views of one projection, where
+    # PyTorch's SDPA kernel beats oneDNN's (the inputs would be copied): it stays.
+    fused = check(SelfAttention(), torch.randn(2, 10, 64), groups=[["layer_norm"], ["linear"], ["linear"]])
+    assert "aten::scaled_dot_product_attention" in str(fused.graph)
     assert "aten::_native_multi_head_attention" not in str(fused.graph)
 
 
@@ -269,8 +270,8 @@ def sdpa(q, k, v, mask):
 
 @pytest.mark.parametrize("mask", ["none", "float", "bool"])
 def test_scaled_dot_product_attention_is_one_partition(mask):
-    # BERT (transformers' "sdpa" attention, traced: a boolean mask), ViT (nn.MultiheadAttention):
-    # one oneDNN SDPA kernel, 2x PyTorch's here; boolean masks select -inf (True: attend). With a
+    # Dense q, k, v: one oneDNN SDPA kernel (a boolean mask, as transformers' traced "sdpa" attention
+    # passes, selects -inf; True: attend). With a
     # mask a row may be fully masked: PyTorch's SDPA gives 0 there (not softmax's NaN), and so do
     # oneDNN's "inf_as_zero" softmax and llga::softmax_inf_as_zero, its unfused form.
     q, k, v = torch.randn(2, 4, 16, 32), torch.randn(2, 4, 24, 32), torch.randn(2, 4, 24, 32)
@@ -296,6 +297,15 @@ def test_scaled_dot_product_attention_is_one_partition(mask):
             torch.testing.assert_close(fused(q2, k[:1], v[:1], m2), sdpa(q2, k[:1], v[:1], m2), **FP32)
         finally:
             torch_llga.set_shape_policy("compile")
+
+
+def test_sdpa_of_strided_views_stays_in_pytorch():
+    x = torch.randn(1, 16, 3 * 64)
+    def heads(a):
+        q, k, v = a.relu().split(64, -1)
+        return [t.view(1, 16, 4, 16).transpose(1, 2) for t in (q, k, v)]
+    fused = check(lambda a: F.scaled_dot_product_attention(*heads(a)), x)
+    assert "scaled_dot_product_attention" in fused.unfused
 
 
 def test_sdpa_with_dropout_or_causal_stays_in_pytorch():
