@@ -425,3 +425,12 @@ def test_permuted_output_with_a_size_one_dim(all_partitions):
     w = torch.randn(8, 1)
     fn = lambda a: (F.linear(a, w).permute(1, 0, 2).abs() + 1).log()  # noqa: E731
     check(fn, torch.randn(1, 2, 1), freeze=False, groups=[["linear", "permute"], ["abs"], ["add", "log"]])
+
+
+def test_dilated_size_one_kernel_bf16():
+    # oneDNN 3.12 segfaulted on this bf16 conv1d (size-1 kernel, dilation 2, stride 2; found by
+    # fuzzing): the dilation of a size-1 kernel dim, which changes nothing, goes to oneDNN as 1.
+    w = torch.randn(6, 8, 1).bfloat16()
+    fn = lambda a: F.conv1d(a.relu(), w, None, 2, 1, 2)  # noqa: E731
+    fused = check(fn, torch.randn(2, 8, 1).bfloat16(), rtol=0, atol=0)
+    assert ["_convolution"] in fused.groups

@@ -35,7 +35,8 @@ using K = dnnl::graph::op::kind;
 const std::vector<const char*>& names() {
   static const std::vector<const char*> all = {
       "matmul_last_dim_broadcast_post_op", "matrix_vector_product", "bf16_round",
-      "pooling_binary_post_op", "int8_sum_of_own_input", "copy_transposed_inputs", "canonical_unit_dim_strides"};
+      "pooling_binary_post_op", "int8_sum_of_own_input", "copy_transposed_inputs", "canonical_unit_dim_strides",
+      "dilated_unit_kernel"};
   return all;
 }
 
@@ -168,6 +169,15 @@ bool copy_transposed_inputs() {
 // Such strides go to oneDNN canonical.
 bool canonical_unit_dim_strides() {
   static const bool on = active("canonical_unit_dim_strides");
+  return on;
+}
+
+// 3.12.0: a bf16 convolution with a size-1 kernel, dilation 2 and stride 2 (conv1d of a [2, 8, 1]
+// input, padding 1) segfaults in its brgemm kernel (brgemm_convolution_fwd_t::perform_outwork;
+// fuzzing). Dilation means nothing along a size-1 kernel dim: it is given to oneDNN as 1.
+// test_patterns.py::test_dilated_size_one_kernel_bf16.
+bool dilated_unit_kernel() {
+  static const bool on = active("dilated_unit_kernel");
   return on;
 }
 

@@ -20,6 +20,9 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary);  // matmul(..) + [..
 bool matrix_vector_product(const Node* matmul);           // N = 1: several times slower than PyTorch
 bool bf16_round(const Node* round);                       // no bf16 Round kernel: fails to compile
 
+// op_table.cpp: a convolution's dilation is 1 along its size-1 kernel dims (the same convolution).
+bool dilated_unit_kernel();
+
 // graph_fuser.cpp: binary ops sharing a partition with the pooling they read.
 bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
 

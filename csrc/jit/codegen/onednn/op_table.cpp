@@ -86,6 +86,11 @@ bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
   auto groups = int_arg(n, has_transposed_arg ? 8 : 6);
   if (has_transposed_arg && bool_arg(n, 6).value_or(true)) return false;  // ConvTranspose: not mapped
   if (!stride || !pad || !dil || !groups) return false;
+  if (quirks::dilated_unit_kernel()) {  // a size-1 kernel dim reads one pixel whatever its dilation
+    Ints w = sizes(n->input(1));
+    for (size_t i = 0; i < sp && w.size() == sp + 2; ++i)
+      if (w[2 + i] == 1) (*dil)[i] = 1;
+  }
   s.in(n->input(0)).in(n->input(1));
   if (!is_none(n, 2)) {
     if (rank(n->input(2)) != 1) return false;

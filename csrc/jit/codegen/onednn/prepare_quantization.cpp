@@ -14,7 +14,9 @@
 //   specifies). The add's input then differs from the reference's by at most half a step of the
 //   dropped scale; measured on ResNet-50 the outputs stay as close to the reference as PyTorch's
 //   own int8 kernels are. TORCH_LLGA_INT8_EXACT=1 keeps every requantization.
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +28,8 @@
 namespace llga {
 
 namespace {
+
+using torch::jit::TensorType;
 
 bool keep_every_requantization() {
   const char* env = std::getenv("TORCH_LLGA_INT8_EXACT");
@@ -67,11 +71,58 @@ void elide_requantization(torch::jit::Block* block) {
   }
 }
 
+// quantize(relu?(add(dequantize(a), dequantize(b)))) that stays quantized at the add (the exact
+// mode, or an add oneDNN cannot take as a conv's post-op): oneDNN has no int8 add partition (3.12
+// neither), so the five ops would run in PyTorch as fp32 passes over the activation. PyTorch's own
+// int8 add does the same arithmetic in one pass: quantized::add(_relu)(a, b, scale, zero point).
+void fold_int8_adds(torch::jit::Block* block) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* q = *it++;
+    for (auto* b : q->blocks()) fold_int8_adds(b);
+    auto params = quantize_params(q);
+    if (!params || q->output()->type()->expect<TensorType>()->scalarType() != c10::kQUInt8) continue;
+    Node* relu = q->input(0)->node();
+    bool with_relu = relu->kind() == c10::aten::relu;
+    Node* add = with_relu ? relu->input(0)->node() : relu;
+    if (add->kind() != c10::aten::add || add->inputs().size() != 3 || add->output()->uses().size() != 1 ||
+        (with_relu && relu->output()->uses().size() != 1))
+      continue;
+    auto alpha = torch::jit::constant_as<int64_t>(add->input(2));
+    if (!alpha || *alpha != 1 || !is_dequantize(add->input(0)) || !is_dequantize(add->input(1))) continue;
+    Value* a = add->input(0)->node()->input(0);
+    Value* b = add->input(1)->node()->input(0);
+    auto ta = a->type()->cast<TensorType>(), tb = b->type()->cast<TensorType>();
+    if (!ta || !tb || ta->scalarType() != c10::kQUInt8 || tb->scalarType() != c10::kQUInt8 || !ta->sizes().concrete_sizes() ||
+        ta->sizes().concrete_sizes() != tb->sizes().concrete_sizes())
+      continue;
+    Graph* g = block->owningGraph();
+    torch::jit::WithInsertPoint point(q);
+    Value* folded = g->insert(c10::Symbol::fromQualString(with_relu ? "quantized::add_relu" : "quantized::add"),
+                              {a, b, params->scale, params->zero_point});
+    folded->setType(q->output()->type());
+    q->output()->replaceAllUsesWith(folded);
+    q->destroy();
+    if (with_relu) relu->destroy();
+    add->destroy();  // its dequantizes go with dead code elimination if nothing else reads them
+  }
+}
+
+// The scale and zero point of a quantized tensor made by quantize_per_tensor or fold_int8_adds.
+std::optional<QuantParams> output_params(const Node* n) {
+  if (n->kind() == c10::Symbol::fromQualString("quantized::add_relu") || n->kind() == c10::Symbol::fromQualString("quantized::add")) {
+    auto scale = torch::jit::constant_as<double>(n->input(2));
+    auto zp = torch::jit::constant_as<int64_t>(n->input(3));
+    if (scale && zp) return QuantParams{*scale, *zp};
+    return std::nullopt;
+  }
+  return quantize_params(n);
+}
+
 void record_params_and_split(torch::jit::Block* block) {
   for (Node* n : block->nodes()) {
     for (auto* b : n->blocks()) record_params_and_split(b);
     if (n->kind() != c10::aten::dequantize || n->inputs().size() != 1 || !is_tensor(n->input(0))) continue;
-    if (auto q = quantize_params(n->input(0)->node())) {
+    if (auto q = output_params(n->input(0)->node())) {
       n->f_(kQuantScale, q->scale);
       n->i_(kQuantZeroPoint, q->zero_point);
     }
@@ -89,6 +140,8 @@ void record_params_and_split(torch::jit::Block* block) {
 
 void PrepareQuantization(std::shared_ptr<Graph>& g) {
   if (!keep_every_requantization()) elide_requantization(g->block());
+  fold_int8_adds(g->block());
+  torch::jit::EliminateDeadCode(g);
   record_params_and_split(g->block());
   GRAPH_DUMP("After PrepareQuantization", g);
 }
