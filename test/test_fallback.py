@@ -150,3 +150,11 @@ def test_block_onednn_cannot_partition_runs_unfused(all_partitions):
     fused = check(model, torch.randn(1, 1, 1), torch.randn(1, 1, 8), freeze=False, groups=[])
     assert any("oneDNN could not partition this block" in n.s("llga_unfused")
                for n in fused.graph.nodes() if n.hasAttribute("llga_unfused"))
+
+
+def test_six_dim_tensors_stay_in_pytorch(all_partitions):
+    # oneDNN 3.12's reference eltwise kernel indexes 5 dims: abs + add of a 6-D tensor gave wrong
+    # values and wrote past its output (found by fuzzing; a heap corruption, then a segfault).
+    fn = lambda a: a.reshape(1, 1, 1, 4, 1, 1).abs() + 1  # noqa: E731
+    fused = check(lambda a: fn(a.relu()), torch.randn(1, 1, 4, 1, 1), groups=[["relu"]])
+    assert sorted(fused.unfused) == ["abs", "add", "reshape"]

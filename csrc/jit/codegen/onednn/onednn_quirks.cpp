@@ -36,7 +36,7 @@ const std::vector<const char*>& names() {
   static const std::vector<const char*> all = {
       "matmul_last_dim_broadcast_post_op", "matrix_vector_product", "bf16_round",
       "pooling_binary_post_op", "int8_sum_of_own_input", "copy_transposed_inputs", "canonical_unit_dim_strides",
-      "dilated_unit_kernel"};
+      "dilated_unit_kernel", "above_five_dims"};
   return all;
 }
 
@@ -120,6 +120,19 @@ bool bf16_round(const Node* round) {
   if (!active("bf16_round")) return false;
   auto t = round->input(0)->type()->cast<TensorType>();
   return !t || t->scalarType() != c10::ScalarType::Float;
+}
+
+// 3.12.0: tensors of more than 5 dims reach oneDNN's reference eltwise kernel, which indexes
+// 5 of them: abs(x.reshape(1, 1, 1, 4, 1, 1)) + 1 gave wrong values and wrote past its 16-byte
+// output (valgrind; a heap corruption, then a segfault; fuzzing). Such ops stay in PyTorch.
+// test_fallback.py::test_six_dim_tensors_stay_in_pytorch.
+bool above_five_dims(const Node* n, const std::vector<Value*>& inputs) {
+  if (!active("above_five_dims")) return false;
+  auto big = [](const Value* v) {
+    auto t = v->type()->cast<TensorType>();
+    return t && t->dim() && *t->dim() > 5;
+  };
+  return big(n->output()) || std::any_of(inputs.begin(), inputs.end(), big);
 }
 
 // v3.2 and 3.12.0: max/avg pooling with a binary post-op on its output computes wrong values (its AVX-512

@@ -19,6 +19,7 @@ using torch::jit::Node;
 bool matmul_last_dim_broadcast_post_op(const Node* binary);  // matmul(..) + [.., 1]: wrong
 bool matrix_vector_product(const Node* matmul);           // N = 1: several times slower than PyTorch
 bool bf16_round(const Node* round);                       // no bf16 Round kernel: fails to compile
+bool above_five_dims(const Node* n, const std::vector<torch::jit::Value*>& inputs);  // reference kernels overrun
 
 // op_table.cpp: a convolution's dilation is 1 along its size-1 kernel dims (the same convolution).
 bool dilated_unit_kernel();

@@ -546,6 +546,7 @@ std::optional<OpSpec> map_node(const Node* n) {
   OpSpec spec;
   spec.kind = e->kind;
   if (!e->build(n, spec)) return std::nullopt;
+  if (quirks::above_five_dims(n, spec.inputs)) return std::nullopt;
   auto out_dtype = n->output()->type()->expect<TensorType>()->scalarType();
   // Only Quantize and Dequantize know a quantized tensor's scale and zero point: any other op would
   // read its int data as if it were the values.
