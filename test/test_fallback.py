@@ -158,3 +158,10 @@ def test_six_dim_tensors_stay_in_pytorch(all_partitions):
     fn = lambda a: a.reshape(1, 1, 1, 4, 1, 1).abs() + 1  # noqa: E731
     fused = check(lambda a: fn(a.relu()), torch.randn(1, 1, 4, 1, 1), groups=[["relu"]])
     assert sorted(fused.unfused) == ["abs", "add", "reshape"]
+
+
+def test_one_element_layer_norm_post_op_stays_in_pytorch(all_partitions):
+    # oneDNN 3.12 gave 0 or 1 for 0.5 + layer_norm(x) of a one-element x (found by fuzzing).
+    fn = lambda a: 0.5 + F.layer_norm(a.relu() - 0.3, (1,), None, None, 1e-5)  # noqa: E731
+    fused = check(fn, torch.randn(1, 1))
+    assert ["layer_norm"] in fused.groups and "add" in fused.unfused
