@@ -91,8 +91,7 @@ bool fed_by(const Value* v, std::initializer_list<c10::Symbol> kinds, int depth 
 
 // v3.2 and 3.12.0: after a batched matmul, an operand broadcast along the last dim ([3,2,8] + [1,2,1]) is
 // added wrongly, also with other post-ops between (relu(linear(x)) * c; fuzzing, at a batch size
-// other than the traced one). test_patterns.py::test_binary_post_ops_onednn_gets_wrong,
-// ::test_matmul_post_op_broadcast_along_last_dim_other_batch.
+// other than the traced one). test_patterns.py::test_batched_matmul_then_per_row_add.
 bool matmul_last_dim_broadcast_post_op(const Node* binary) {
   if (!active("matmul_last_dim_broadcast_post_op")) return false;
   auto out = sizes(binary->output());
@@ -152,7 +151,7 @@ bool above_five_dims(const Node* n, const std::vector<Value*>& inputs) {
 // kernel; fuzzing) unless the other operand is a constant scalar. The same binary op may rightly be
 // a convolution's post-op instead (ResNet's residual add reads a max-pool output), so the fuser asks
 // this of the partitions oneDNN formed. test_patterns.py::test_binary_post_ops_onednn_gets_wrong,
-// ::test_residual_add_of_a_pooling_output_fuses_into_the_conv.
+// ::test_residual_add_of_a_pooling_output_is_a_conv_post_op.
 bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const Node*>& partition) {
   if (!active("pooling_binary_post_op")) return false;
   for (size_t i = 0; i < 2; ++i) {
@@ -179,7 +178,7 @@ bool int8_sum_of_own_input(const Node* add, const Value* residual, const Node* c
 // post-op is applied along the wrong dim ((a.t() * b.t()) * c; relu(linear(x)) * c at new sizes;
 // fuzzing). Such inputs are copied to contiguous first (inputs read only by convs and matmuls of
 // a group without binary ops are not: a transposed conv1d input is the layout the conv wants).
-// test_patterns.py::test_transposed_inputs_to_a_binary_with_broadcast_post_op.
+// test_patterns.py::test_transposed_inputs_to_binary_with_broadcast_post_op.
 bool copy_transposed_inputs() {
   static const bool on = active("copy_transposed_inputs");
   return on;
