@@ -4,12 +4,18 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn as nn
 
 import torch_llga
 
 from conftest import check
+
+# Under `make test-sanitize` resident memory measures AddressSanitizer: its quarantine keeps freed
+# memory resident (plain TorchScript alone grew 62 MB per dropped module there, against 37).
+SANITIZED = pytest.mark.skipif(os.environ.get("TORCH_LLGA_SANITIZE") == "1",
+                               reason="ASan's quarantine keeps freed memory resident")
 
 
 def rss_mb():
@@ -22,6 +28,7 @@ def small_convnet():
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).eval()
 
 
+@SANITIZED
 def test_resident_memory_flat_over_10000_calls():
     x = torch.randn(1, 3, 16, 16)
     fused = check(small_convnet(), x, rtol=1e-4, atol=1e-4)
@@ -80,6 +87,7 @@ def module_growth_mb(backend, **env):
     return float(out.stdout.split()[-1])
 
 
+@SANITIZED
 def test_dropped_modules_keep_only_what_pytorch_keeps():
     """PyTorch keeps every traced/frozen module's code and frozen weights until exit (37 MB per module
     here, plain TorchScript). With the weight cache off, release() leaves only oneDNN's primitive
