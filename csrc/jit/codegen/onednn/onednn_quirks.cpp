@@ -32,15 +32,6 @@ using torch::jit::TensorType;
 using torch::jit::Value;
 using K = dnnl::graph::op::kind;
 
-const std::vector<const char*>& names() {
-  static const std::vector<const char*> all = {
-      "matmul_last_dim_broadcast_post_op", "matrix_vector_product", "bf16_round",
-      "pooling_binary_post_op", "int8_sum_of_own_input", "copy_transposed_inputs", "canonical_unit_dim_strides",
-      "dilated_unit_kernel", "above_five_dims",
-      "one_element_layer_norm_post_op"};
-  return all;
-}
-
 namespace {
 
 // TORCH_LLGA_QUIRKS_OFF, read once.
@@ -106,7 +97,8 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary) {
 
 // 3.12.0: a binary post-op of a layer norm over a one-element tensor (0.5 + layer_norm(x, (1,))
 // with x of size [1, 1]) gives 0 or 1 instead of 0.5 (fuzzing; [1, 2, 1] is right, the layer norm
-// alone too). Kept out wherever the last dim is 1: such a layer norm's output is its bias anyway. test_fallback.py::test_one_element_layer_norm_post_op_stays_in_pytorch.
+// alone too). Kept out wherever the last dim is 1: such a layer norm's output is its bias anyway.
+// test_fallback.py::test_one_element_layer_norm_post_op_stays_in_pytorch.
 bool one_element_layer_norm_post_op(const Node* binary) {
   if (!active("one_element_layer_norm_post_op")) return false;
   // Normalized over a last dim of 1 (the only way to one element: a later call of a shape-free
@@ -167,9 +159,8 @@ bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const N
 // does not compile ("could not create a primitive descriptor for the reorder primitive"; v3.2
 // compiled it). Such an add keeps the conv's requantization and runs in PyTorch.
 // test_int8.py::test_small_cnn_int8_patterns.
-bool int8_sum_of_own_input(const Node* add, const Value* residual, const Node* conv) {
+bool int8_sum_of_own_input(const Value* residual, const Node* conv) {
   if (!active("int8_sum_of_own_input")) return false;
-  (void)add;
   return residual->node()->kind() == c10::aten::dequantize && conv->input(0)->node()->kind() == c10::aten::dequantize &&
          residual->node()->input(0) == conv->input(0)->node()->input(0);
 }

@@ -29,13 +29,10 @@ bool dilated_unit_kernel();
 bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
 
 // prepare_quantization.cpp: an int8 conv/linear whose residual add reads the conv's own input.
-bool int8_sum_of_own_input(const Node* add, const torch::jit::Value* residual, const Node* conv);
+bool int8_sum_of_own_input(const torch::jit::Value* residual, const Node* conv);
 
 // kernel.cpp: the layouts handed to oneDNN.
 bool copy_transposed_inputs();      // a binary op's broadcast post-op along the wrong dim
 bool canonical_unit_dim_strides();  // odd strides of size-1 dims: wrong values, a crash
-
-// The names of every quirk (for tests and TORCH_LLGA_QUIRKS_OFF's check).
-const std::vector<const char*>& names();
 
 }  // namespace llga::quirks

@@ -52,7 +52,7 @@ Value* requantized_conv_operand(Node* add) {
     const OpEntry* e = find_entry(conv);
     if (!e || (e->kind != op::kind::Convolution && e->kind != op::kind::MatMul) || !map_node(conv)) continue;
     if (!is_dequantize(conv->input(0)) || !is_dequantize(conv->input(1)) || conv->output()->uses().size() != 1) continue;
-    if (quirks::int8_sum_of_own_input(add, add->input(1 - i), conv)) continue;
+    if (quirks::int8_sum_of_own_input(add->input(1 - i), conv)) continue;
     return d;
   }
   return nullptr;
@@ -75,10 +75,14 @@ void elide_requantization(torch::jit::Block* block) {
 // mode, or an add oneDNN cannot take as a conv's post-op): oneDNN has no int8 add partition (3.12
 // neither), so the five ops would run in PyTorch as fp32 passes over the activation. PyTorch's own
 // int8 add does the same arithmetic in one pass: quantized::add(_relu)(a, b, scale, zero point).
-void fold_int8_adds(torch::jit::Block* block) {
+const c10::Symbol kQuantizedAdd = c10::Symbol::fromQualString("quantized::add");
+const c10::Symbol kQuantizedAddRelu = c10::Symbol::fromQualString("quantized::add_relu");
+
+bool fold_int8_adds(torch::jit::Block* block) {
+  bool folded_any = false;
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     Node* q = *it++;
-    for (auto* b : q->blocks()) fold_int8_adds(b);
+    for (auto* b : q->blocks()) folded_any |= fold_int8_adds(b);
     auto params = quantize_params(q);
     if (!params || q->output()->type()->expect<TensorType>()->scalarType() != c10::kQUInt8) continue;
     Node* relu = q->input(0)->node();
@@ -97,19 +101,20 @@ void fold_int8_adds(torch::jit::Block* block) {
       continue;
     Graph* g = block->owningGraph();
     torch::jit::WithInsertPoint point(q);
-    Value* folded = g->insert(c10::Symbol::fromQualString(with_relu ? "quantized::add_relu" : "quantized::add"),
-                              {a, b, params->scale, params->zero_point});
+    Value* folded = g->insert(with_relu ? kQuantizedAddRelu : kQuantizedAdd, {a, b, params->scale, params->zero_point});
     folded->setType(q->output()->type());
     q->output()->replaceAllUsesWith(folded);
     q->destroy();
     if (with_relu) relu->destroy();
     add->destroy();  // its dequantizes go with dead code elimination if nothing else reads them
+    folded_any = true;
   }
+  return folded_any;
 }
 
 // The scale and zero point of a quantized tensor made by quantize_per_tensor or fold_int8_adds.
 std::optional<QuantParams> output_params(const Node* n) {
-  if (n->kind() == c10::Symbol::fromQualString("quantized::add_relu") || n->kind() == c10::Symbol::fromQualString("quantized::add")) {
+  if (n->kind() == kQuantizedAddRelu || n->kind() == kQuantizedAdd) {
     auto scale = torch::jit::constant_as<double>(n->input(2));
     auto zp = torch::jit::constant_as<int64_t>(n->input(3));
     if (scale && zp) return QuantParams{*scale, *zp};
@@ -140,8 +145,7 @@ void record_params_and_split(torch::jit::Block* block) {
 
 void PrepareQuantization(std::shared_ptr<Graph>& g) {
   if (!keep_every_requantization()) elide_requantization(g->block());
-  fold_int8_adds(g->block());
-  torch::jit::EliminateDeadCode(g);
+  if (fold_int8_adds(g->block())) torch::jit::EliminateDeadCode(g);
   record_params_and_split(g->block());
   GRAPH_DUMP("After PrepareQuantization", g);
 }
