@@ -60,6 +60,21 @@ def test_new_sizes_are_compiled_and_run_fused():
     assert delta(before, after, "compilations") == 3 + 3 + 2
 
 
+def test_warm_up_partitions_each_block_once():
+    """Kernels compile the partitions the fuser found: oneDNN partitions the graph once at warm-up,
+    not once more per group. A group asks for a partition of any sizes the first time a call
+    brings it new sizes, and only then."""
+    model = ConvNet().eval()
+    before = torch_llga.stats()
+    fused = check(model, torch.randn(1, 3, 16, 16))
+    assert len(fused.groups) == 3
+    assert delta(before, torch_llga.stats(), "partitionings") == 1
+    shapes = [(2, 3, 16, 16), (1, 3, 24, 20), (3, 3, 9, 31)]
+    before, after = calls_match_eager(model, fused, [torch.randn(*s) for s in shapes])
+    assert delta(before, after, "kernel_fallbacks") == 0 and delta(before, after, "guard_failures") == 0
+    assert delta(before, after, "partitionings") == 3  # one per group, whatever the number of sizes
+
+
 def test_fallback_policy_runs_new_sizes_unfused():
     torch_llga.set_shape_policy("fallback")
     model = ConvNet().eval()

@@ -127,6 +127,8 @@ def explain(module, *inputs, verbose=True):
 def stats():
     """Process-wide counters:
     executions: fused partition executions; compilations: partitions compiled;
+    partitionings: graphs oneDNN was asked to partition (one per block of a fused graph, and one
+    per group the first time a call brings it other input sizes);
     guard_failures: calls that ran a group unfused because its inputs differed from what it was
     built for (sizes, dtype, device, grad) or held NaN/Inf (also counted in nonfinite_fallbacks);
     kernel_fallbacks: calls run unfused because oneDNN could not compile the partition;

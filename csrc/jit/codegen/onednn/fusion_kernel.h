@@ -9,6 +9,7 @@
 #include <c10/util/SmallVector.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
+#include "jit/codegen/onednn/graph_builder.h"
 #include "jit/codegen/onednn/op_table.h"
 
 #include <list>
@@ -62,12 +63,21 @@ class FusionKernel {
   std::string profiler_name_;
   size_t num_inputs_ = 0;
   bool whole_fallback_ = false;  // the subgraph did not re-form one partition
-  dnnl::graph::partition partition_;
+  // A partition with its port ids, in the order of the ports below.
+  struct Partition {
+    dnnl::graph::partition partition;
+    std::vector<size_t> in_ids, out_ids;
+  };
+  // The fuser's partition, for the profiled sizes; for other sizes the subgraph's partition built
+  // from ranks alone, on the first such call (any_sizes_made_; null: none with the same ports).
+  c10::intrusive_ptr<GroupPartition> ports_;  // what each port of both partitions reads or is
+  Partition profiled_;
+  std::unique_ptr<Partition> any_sizes_;
+  bool any_sizes_made_ = false;
+  const Partition* any_sizes();
   std::vector<size_t> in_port_input_;    // input port -> group input index (kConstantPort: a weight)
   std::vector<at::Tensor> in_port_constant_;  // input port -> the frozen constant it reads
-  std::vector<size_t> in_port_id_;
   std::vector<std::vector<int64_t>> in_port_sizes_;  // as profiled
-  std::vector<size_t> out_port_id_;
   std::vector<size_t> output_port_;      // group output -> output port
   std::vector<size_t> port_output_;      // output port -> group output
   std::vector<bool> opaque_output_;     // group output -> may stay in oneDNN's layout

@@ -1,10 +1,13 @@
 #include "jit/codegen/onednn/graph_builder.h"
 
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "jit/codegen/onednn/op_table.h"
+#include "jit/codegen/onednn/runtime.h"
 
 namespace llga {
 
@@ -148,6 +151,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
   // with the same message): the block is then left to PyTorch.
   try {
     g.finalize();
+    runtime::stats().partitionings.fetch_add(1, std::memory_order_relaxed);
     built.partitions = g.get_partitions(dnnl::graph::partition::policy::fusion);
   } catch (const std::exception& e) {
     GRAPH_DEBUG("oneDNN could not partition the block (", e.what(), "): left to PyTorch");
@@ -155,6 +159,84 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
     built.failure = e.what();
   }
   return built;
+}
+
+namespace {
+
+const c10::Symbol kPartition = c10::Symbol::attr("partition");
+
+// Partitions the fuser recorded, by the key on their group, until the group's kernel takes them.
+std::mutex g_recorded_mutex;
+std::unordered_map<int64_t, c10::intrusive_ptr<GroupPartition>> g_recorded;
+int64_t g_next_key = 0;
+
+int64_t index_of(c10::ArrayRef<Value*> values, const Value* v) {
+  auto it = std::find(values.begin(), values.end(), v);
+  return it == values.end() ? -1 : it - values.begin();
+}
+
+}  // namespace
+
+const GroupPartition& attach_partition(Node* group, const dnnl::graph::partition& p, const std::vector<Value*>& inputs,
+                      const std::vector<torch::jit::Use>& output_uses) {
+  auto gp = c10::make_intrusive<GroupPartition>();
+  gp->partition = p;
+  for (Value* v : inputs) {
+    bool weight = is_constant(v);
+    gp->input.push_back(weight ? -1 : index_of(group->inputs(), v));
+    gp->constant.push_back(weight ? torch::jit::toIValue(v)->toTensor() : at::Tensor());
+  }
+  for (const auto& use : output_uses)
+    gp->output.push_back(use.user ? index_of(group->outputs(), use.user->input(use.offset)) : -1);
+  std::lock_guard<std::mutex> lock(g_recorded_mutex);
+  g_recorded.emplace(g_next_key, gp);
+  group->i_(kPartition, g_next_key++);
+  return *gp;
+}
+
+c10::intrusive_ptr<GroupPartition> subgraph_partition(torch::jit::Graph& subgraph, bool ranks_only) {
+  BuildOptions opts;
+  opts.ranks_only = ranks_only;
+  BuiltGraph built = build_graph(subgraph.block(), opts);
+  const dnnl::graph::partition* p = built.single_partition();
+  if (!p) return nullptr;
+  auto gp = c10::make_intrusive<GroupPartition>();
+  gp->partition = *p;
+  std::unordered_map<size_t, const Value*> constants;
+  for (const Node* n : subgraph.nodes())
+    if (n->kind() == c10::prim::Constant) constants[n->output()->unique()] = n->output();
+  auto by_id = [](c10::ArrayRef<Value*> values, size_t id) -> int64_t {
+    auto it = std::find_if(values.begin(), values.end(), [&](const Value* v) { return v->unique() == id; });
+    return it == values.end() ? -1 : it - values.begin();
+  };
+  for (const auto& lt : p->get_input_ports()) {
+    auto c = constants.find(lt.get_id());
+    gp->input.push_back(c != constants.end() ? -1 : by_id(subgraph.inputs(), lt.get_id()));
+    gp->constant.push_back(c != constants.end() ? torch::jit::toIValue(c->second)->toTensor() : at::Tensor());
+  }
+  for (const auto& lt : p->get_output_ports()) gp->output.push_back(by_id(subgraph.outputs(), lt.get_id()));
+  return gp;
+}
+
+c10::intrusive_ptr<GroupPartition> group_partition(const Node* group) {
+  if (group->hasAttribute(kPartition)) {
+    std::lock_guard<std::mutex> lock(g_recorded_mutex);
+    auto it = g_recorded.find(group->i(kPartition));
+    if (it != g_recorded.end()) {
+      auto gp = it->second;
+      g_recorded.erase(it);
+      return gp;
+    }
+  }
+  // Taken by another kernel of a copy of this graph, or a group made elsewhere: partition anew.
+  return subgraph_partition(*group->g(c10::attr::Subgraph), /*ranks_only=*/false);
+}
+
+bool same_ports(const GroupPartition& a, const GroupPartition& b) {
+  if (a.input != b.input || a.output != b.output) return false;
+  for (size_t p = 0; p < a.constant.size(); ++p)
+    if (a.constant[p].unsafeGetTensorImpl() != b.constant[p].unsafeGetTensorImpl()) return false;
+  return true;
 }
 
 }  // namespace llga

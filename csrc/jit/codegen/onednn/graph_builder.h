@@ -3,6 +3,8 @@
 // other node that touches tensors becomes a Wildcard (so oneDNN sees all the data dependencies);
 // block outputs get End ops. The fuser builds one over a whole block, the kernel one over its
 // fusion group's subgraph.
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <oneapi/dnnl/dnnl_graph.hpp>
@@ -45,6 +47,32 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts);
 dnnl::graph::logical_tensor value_lt(const Value* v, bool ranks_only = false);
 
 bool is_constant(const Value* v);
+
+// The partition a fusion group was made of, with its ports by position, recorded by the fuser
+// under a key on the group node (attribute "partition") until the group's kernel takes it: the
+// kernel compiles it without asking oneDNN to partition the subgraph again, so warm-up partitions
+// each block once, not each group too. Port ids are those of the graph that was partitioned; what
+// they mean here is by position.
+struct GroupPartition : c10::intrusive_ptr_target {
+  dnnl::graph::partition partition;
+  std::vector<int64_t> input;  // per input port: the group input it reads, or -1: `constant`
+  std::vector<at::Tensor> constant;  // per input port: the frozen weight it reads (input -1)
+  std::vector<int64_t> output;  // per output port: the group output it is, or -1 (none)
+};
+
+// Records p on a group just made of its nodes and returns the record. inputs: the values its input
+// ports read (looked up before the merge); output_uses: per output port, a use outside the group
+// (a null user: none), which now reads the group output the port became.
+const GroupPartition& attach_partition(Node* group, const dnnl::graph::partition& p, const std::vector<Value*>& inputs,
+                                     const std::vector<torch::jit::Use>& output_uses);
+// The group's recorded partition (taken: a second kernel of a copy of the graph partitions anew),
+// or else the one its subgraph forms (null if it forms none).
+c10::intrusive_ptr<GroupPartition> group_partition(const Node* group);
+// The one partition a group's subgraph forms (null if not one), its port ids the subgraph's value
+// ids. With ranks_only, it compiles for any input sizes of those ranks.
+c10::intrusive_ptr<GroupPartition> subgraph_partition(torch::jit::Graph& subgraph, bool ranks_only);
+// Whether two partitions of one group have the same ports in the same order.
+bool same_ports(const GroupPartition& a, const GroupPartition& b);
 
 
 }  // namespace llga

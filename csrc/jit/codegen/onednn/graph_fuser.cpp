@@ -7,6 +7,8 @@
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
 #include <algorithm>
+#include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "jit/codegen/onednn/graph_builder.h"
@@ -59,9 +61,31 @@ bool gather(const std::vector<Node*>& members, AliasDb& db) {
   return true;
 }
 
-// The kernel rebuilds the partition from the subgraph; it must come back as exactly one.
-bool forms_one_partition(Node* group) {
-  return build_graph(group->g(c10::attr::Subgraph)->block(), BuildOptions{}).single_partition() != nullptr;
+// The partition's ports as values of the block (ids are unique() numbers): its inputs, and for
+// each output one use outside the partition (a null user if none), which after the merge reads
+// the group output the port became. An input an earlier group now computes is found in `earlier`
+// (port id -> that group's output). Nullopt if a port is no member's value.
+std::optional<std::pair<std::vector<Value*>, std::vector<torch::jit::Use>>> port_values(
+    const dnnl::graph::partition& p, const std::vector<Node*>& nodes, const std::unordered_map<size_t, Value*>& earlier) {
+  std::unordered_map<size_t, Value*> by_id = earlier;
+  for (Node* n : nodes) {
+    for (Value* v : n->inputs()) by_id[v->unique()] = v;
+    for (Value* v : n->outputs()) by_id[v->unique()] = v;
+  }
+  std::unordered_set<const Node*> members(nodes.begin(), nodes.end());
+  std::vector<Value*> inputs;
+  std::vector<torch::jit::Use> output_uses;
+  for (const auto& lt : p.get_input_ports()) {
+    if (!by_id.count(lt.get_id())) return {};  // the kernel then partitions the subgraph
+    inputs.push_back(by_id.at(lt.get_id()));
+  }
+  for (const auto& lt : p.get_output_ports()) {
+    if (!by_id.count(lt.get_id())) return {};
+    const auto& uses = by_id.at(lt.get_id())->uses();
+    auto outside = std::find_if(uses.begin(), uses.end(), [&](const torch::jit::Use& u) { return !members.count(u.user); });
+    output_uses.push_back(outside != uses.end() ? *outside : torch::jit::Use(nullptr, 0));
+  }
+  return std::make_pair(inputs, output_uses);
 }
 
 std::string describe(const std::vector<Node*>& nodes) {
@@ -123,9 +147,9 @@ std::vector<Node*> pooling_post_ops(const BuiltGraph& built) {
   return found;
 }
 
-void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& groups) {
+void fuse_block(torch::jit::Block* block, AliasDb& db) {
   for (Node* n : block->nodes())
-    for (auto* b : n->blocks()) fuse_block(b, db, groups);
+    for (auto* b : n->blocks()) fuse_block(b, db);
 
   BuildOptions opts;
   std::vector<Node*> excluded;
@@ -143,7 +167,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
     for (const auto& [id, n] : built.op_nodes) n->s_(kUnfusedReason, "oneDNN could not partition this block: " + built.failure);
   for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN computes that post-op wrongly (onednn_quirks.h)");
 
-  std::vector<std::vector<Node*>> partitions;
+  std::vector<std::pair<std::vector<Node*>, const dnnl::graph::partition*>> partitions;
   for (const auto& p : built.partitions) {
     std::vector<Node*> nodes = built.nodes_of(p);
     if (nodes.empty()) continue;
@@ -157,10 +181,11 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
       mark_unfused(nodes, "cheap ops too small to pay for a group (fewer than 3, or under 256K elements)");
       continue;
     }
-    partitions.push_back(std::move(nodes));
+    partitions.emplace_back(std::move(nodes), &p);
   }
 
-  for (auto& nodes : partitions) {
+  std::unordered_map<size_t, Value*> earlier_outputs;  // port id -> the output of the group that computes it
+  for (auto& [nodes, partition] : partitions) {
     for (size_t i = nodes.size(); i-- > 0;) {  // cat's list travels with it
       if (nodes[i]->kind() == c10::aten::cat) nodes.insert(nodes.begin() + i, nodes[i]->input(0)->node());
     }
@@ -170,10 +195,16 @@ void fuse_block(torch::jit::Block* block, AliasDb& db, std::vector<Node*>& group
       mark_unfused(nodes, "its partition cannot be made contiguous in the graph");
       continue;
     }
+    auto ports = port_values(*partition, nodes, earlier_outputs);
     Node* group = SubgraphUtils::createSingletonSubgraphAndUpdateAliasing(nodes.back(), kFusionGroup, db);
     for (auto it = nodes.rbegin() + 1; it != nodes.rend(); ++it)
       SubgraphUtils::mergeNodeIntoSubgraphAndUpdateAliasing(*it, group, db);
-    groups.push_back(group);
+    if (ports) {
+      const GroupPartition& gp = attach_partition(group, *partition, ports->first, ports->second);
+      auto out_lts = partition->get_output_ports();
+      for (size_t p = 0; p < out_lts.size(); ++p)
+        if (gp.output[p] >= 0) earlier_outputs[out_lts[p].get_id()] = group->outputs()[gp.output[p]];
+    }
     GRAPH_DEBUG("Fusion group of [", ops, "]");
   }
 }
@@ -196,18 +227,9 @@ void give_cat_private_lists(torch::jit::Block* block) {
 
 void FuseGraph(std::shared_ptr<Graph>& g) {
   give_cat_private_lists(g->block());
-  std::vector<Node*> groups;
   {
     AliasDb db(g);
-    fuse_block(g->block(), db, groups);
-  }
-  for (Node* group : groups) {
-    if (!forms_one_partition(group)) {
-      GRAPH_DEBUG("A group does not re-form one partition; unfused:\n", *group->g(c10::attr::Subgraph));
-      for (Node* n : group->g(c10::attr::Subgraph)->nodes())
-        if (n->kind() != c10::prim::Constant) n->s_(kUnfusedReason, "its partition did not re-form as one");
-      SubgraphUtils::unmergeSubgraph(group);
-    }
+    fuse_block(g->block(), db);
   }
   torch::jit::EliminateDeadCode(g);
   GRAPH_DUMP("After FuseGraph", g);

@@ -177,59 +177,44 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
   auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
   for (size_t j = 0; j < node->outputs().size(); ++j) opaque_output_.push_back(j < opaque.size() && opaque[j]);
 
-  // A partition built from ranks alone compiles for any input sizes; if oneDNN partitions that
-  // differently, the profiled sizes are used (and other sizes run unfused).
-  BuildOptions ranks_only;
-  ranks_only.ranks_only = true;
-  auto built = build_graph(subgraph_->block(), ranks_only);
-  const dnnl::graph::partition* partition = built.single_partition();
-  if (!partition) {
-    built = build_graph(subgraph_->block(), BuildOptions{});
-    partition = built.single_partition();
-  }
-  if (!partition) {
+  ports_ = group_partition(node);
+  if (!ports_) {
     whole_fallback_ = true;
     return;
   }
-  partition_ = *partition;
+  const GroupPartition& gp = *ports_;
+  profiled_.partition = gp.partition;
 
-  std::unordered_map<size_t, size_t> input_of_id, output_of_id;
-  std::unordered_map<size_t, at::Tensor> constant_of_id;
   auto nodes = subgraph_->nodes();
   bool binary_free = std::none_of(nodes.begin(), nodes.end(), [](const Node* n) { return is_binary_op(n); });
   input_ports_.assign(subgraph_->inputs().size(), 0);
-  for (size_t i = 0; i < subgraph_->inputs().size(); ++i) {
-    input_of_id[subgraph_->inputs()[i]->unique()] = i;
+  for (size_t i = 0; i < subgraph_->inputs().size(); ++i)
     any_dense_input_.push_back(binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]));
-  }
-  for (size_t j = 0; j < subgraph_->outputs().size(); ++j) output_of_id[subgraph_->outputs()[j]->unique()] = j;
-  for (Node* n : subgraph_->nodes())
-    if (n->kind() == c10::prim::Constant && is_tensor(n->output()))
-      constant_of_id[n->output()->unique()] = readable(torch::jit::toIValue(n->output())->toTensor());
-  for (const auto& lt : partition_.get_input_ports()) {
-    auto in = input_of_id.find(lt.get_id());
-    auto constant = constant_of_id.find(lt.get_id());
-    if (in == input_of_id.end() && constant == constant_of_id.end()) { whole_fallback_ = true; return; }
-    in_port_input_.push_back(in != input_of_id.end() ? in->second : kConstantPort);
-    if (in != input_of_id.end()) input_ports_[in->second]++;
-    in_port_constant_.push_back(in != input_of_id.end() ? at::Tensor() : constant->second);
-    in_port_id_.push_back(lt.get_id());
-    in_port_sizes_.push_back(in != input_of_id.end() ? *subgraph_->inputs()[in->second]->type()->expect<TensorType>()->sizes().concrete_sizes()
-                                                      : lt.get_dims());
+  auto in_lts = profiled_.partition.get_input_ports();
+  for (size_t p = 0; p < in_lts.size(); ++p) {
+    int64_t i = gp.input[p];
+    if (i < 0 && !gp.constant[p].defined()) { whole_fallback_ = true; return; }
+    in_port_input_.push_back(i >= 0 ? static_cast<size_t>(i) : kConstantPort);
+    if (i >= 0) input_ports_[i]++;
+    in_port_constant_.push_back(i >= 0 ? at::Tensor() : readable(gp.constant[p]));
+    profiled_.in_ids.push_back(in_lts[p].get_id());
+    in_port_sizes_.push_back(i >= 0 ? *subgraph_->inputs()[i]->type()->expect<TensorType>()->sizes().concrete_sizes()
+                                    : in_lts[p].get_dims());
   }
   output_port_.assign(subgraph_->outputs().size(), SIZE_MAX);
-  for (const auto& lt : partition_.get_output_ports()) {
-    auto it = output_of_id.find(lt.get_id());
-    if (it == output_of_id.end()) { whole_fallback_ = true; return; }
-    output_port_[it->second] = out_port_id_.size();
-    port_output_.push_back(it->second);
-    out_port_id_.push_back(lt.get_id());
+  auto out_lts = profiled_.partition.get_output_ports();
+  for (size_t p = 0; p < out_lts.size(); ++p) {
+    int64_t j = gp.output[p];
+    if (j < 0) { whole_fallback_ = true; return; }
+    output_port_[j] = port_output_.size();
+    port_output_.push_back(j);
+    profiled_.out_ids.push_back(out_lts[p].get_id());
   }
   for (size_t j = 0; j < output_port_.size(); ++j)
     if (output_port_[j] == SIZE_MAX) { whole_fallback_ = true; return; }
 
   // Outputs PyTorch reads get the profiled strides (eager's memory format) when dense, else contiguous.
-  for (size_t p = 0; p < out_port_id_.size(); ++p) {
+  for (size_t p = 0; p < port_output_.size(); ++p) {
     size_t j = port_output_[p];
     auto t = subgraph_->outputs()[j]->type()->expect<TensorType>();
     auto sizes = *t->sizes().concrete_sizes();
@@ -268,55 +253,84 @@ void FusionKernel::release() {
   cache_.clear();  // a call executing one now holds its own reference
 }
 
+// Called under cache_mutex_. The fuser partitioned the block for the profiled sizes; a partition
+// for any sizes of the same ranks is asked of oneDNN only once some call brings other sizes.
+const FusionKernel::Partition* FusionKernel::any_sizes() {
+  if (!any_sizes_made_) {
+    any_sizes_made_ = true;
+    auto gp = subgraph_partition(*subgraph_, /*ranks_only=*/true);
+    if (gp && same_ports(*gp, *ports_)) {
+      any_sizes_ = std::make_unique<Partition>();
+      any_sizes_->partition = gp->partition;
+      for (const auto& lt : gp->partition.get_input_ports()) any_sizes_->in_ids.push_back(lt.get_id());
+      for (const auto& lt : gp->partition.get_output_ports()) any_sizes_->out_ids.push_back(lt.get_id());
+    }
+  }
+  return any_sizes_.get();
+}
+
 void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
-  for (size_t p = 0; p < in_port_id_.size(); ++p) {
+  // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
+  // oneDNN infers them, and outputs PyTorch reads come back contiguous.
+  bool profiled_sizes = true;
+  for (size_t p = 0; p < in_port_input_.size(); ++p) {
+    bool constant = in_port_input_[p] == kConstantPort;
+    const at::Tensor& t = constant ? in_port_constant_[p] : inputs[in_port_input_[p]];
+    auto sizes = is_llga_tensor(t) ? llga_impl(t).desc().get_dims() : t.dim() == 0 ? std::vector<int64_t>{1} : t.sizes().vec();
+    profiled_sizes = profiled_sizes && sizes == in_port_sizes_[p];
+  }
+  const Partition* part = profiled_sizes ? &profiled_ : any_sizes();
+  if (!part) {
+    GRAPH_DEBUG("No partition of the group compiles for other sizes; running it unfused:\n", *subgraph_);
+    c.fallback = true;
+    return;
+  }
+  const auto& in_ids = part->in_ids;
+  const auto& out_ids = part->out_ids;
+  for (size_t p = 0; p < in_port_input_.size(); ++p) {
     bool constant = in_port_input_[p] == kConstantPort;
     const at::Tensor& t = constant ? in_port_constant_[p] : inputs[in_port_input_[p]];
     auto prop = constant ? logical_tensor::property_type::constant : logical_tensor::property_type::variable;
     if (is_llga_tensor(t)) {
       const auto& d = llga_impl(t).desc();
       c.inputs.push_back(d.get_layout_type() == logical_tensor::layout_type::opaque
-                             ? logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(), d.get_layout_id(), prop)
-                             : logical_tensor(in_port_id_[p], d.get_data_type(), d.get_dims(),
+                             ? logical_tensor(in_ids[p], d.get_data_type(), d.get_dims(), d.get_layout_id(), prop)
+                             : logical_tensor(in_ids[p], d.get_data_type(), d.get_dims(),
                                               unit_dims_dense(d.get_dims(), d.get_strides()), prop));
     } else {
       bool scalar = t.dim() == 0;  // a 0-dim constant: [1] to oneDNN
-      c.inputs.emplace_back(in_port_id_[p], input_dtype(t.scalar_type()), scalar ? std::vector<int64_t>{1} : t.sizes().vec(),
+      c.inputs.emplace_back(in_ids[p], input_dtype(t.scalar_type()), scalar ? std::vector<int64_t>{1} : t.sizes().vec(),
                             scalar ? std::vector<int64_t>{1} : unit_dims_dense(t.sizes(), t.strides()), prop);
     }
   }
-  // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
-  // oneDNN infers them, and outputs PyTorch reads come back contiguous.
-  bool profiled_sizes = true;
-  for (size_t p = 0; p < c.inputs.size(); ++p) profiled_sizes = profiled_sizes && c.inputs[p].get_dims() == in_port_sizes_[p];
   std::vector<logical_tensor> outputs;
-  for (size_t p = 0; p < out_port_id_.size(); ++p) {
+  for (size_t p = 0; p < out_ids.size(); ++p) {
     auto dtype = *to_dnnl_dtype(out_dtypes_[p]);
     auto sizes = profiled_sizes ? out_sizes_[p] : std::vector<int64_t>(out_sizes_[p].size(), DNNL_GRAPH_UNKNOWN_DIM);
-    outputs.push_back(opaque_port_[p]   ? logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::any)
-                      : profiled_sizes ? logical_tensor(out_port_id_[p], dtype, sizes, out_strides_[p])
-                                       : logical_tensor(out_port_id_[p], dtype, sizes, logical_tensor::layout_type::strided));
+    outputs.push_back(opaque_port_[p]   ? logical_tensor(out_ids[p], dtype, sizes, logical_tensor::layout_type::any)
+                      : profiled_sizes ? logical_tensor(out_ids[p], dtype, sizes, out_strides_[p])
+                                       : logical_tensor(out_ids[p], dtype, sizes, logical_tensor::layout_type::strided));
   }
   try {
     runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
     try {
-      c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
+      c.partition = part->partition.compile(c.inputs, outputs, runtime::engine());
     } catch (const dnnl::error& e) {
       // Some partitions take no "any" output layout (oneDNN 3.12: a lone Reorder): those outputs
       // are asked for strided, and still travel as LLGA tensors.
       bool retried = false;
       for (size_t p = 0; p < outputs.size(); ++p) {
         if (outputs[p].get_layout_type() != logical_tensor::layout_type::any) continue;
-        outputs[p] = logical_tensor(out_port_id_[p], outputs[p].get_data_type(), outputs[p].get_dims(),
+        outputs[p] = logical_tensor(out_ids[p], outputs[p].get_data_type(), outputs[p].get_dims(),
                                     logical_tensor::layout_type::strided);
         retried = true;
       }
       if (!retried) throw;
       GRAPH_DEBUG("oneDNN could not compile the partition for opaque outputs (", e.what(), "); asking for strided ones");
-      c.partition = partition_.compile(c.inputs, outputs, runtime::engine());
+      c.partition = part->partition.compile(c.inputs, outputs, runtime::engine());
     }
-    for (size_t p = 0; p < out_port_id_.size(); ++p) {
-      c.outputs.push_back(c.partition.query_logical_tensor(out_port_id_[p]));
+    for (size_t p = 0; p < out_ids.size(); ++p) {
+      c.outputs.push_back(c.partition.query_logical_tensor(out_ids[p]));
       c.out_sizes.push_back(c.outputs[p].get_dims());
       c.out_strides.push_back(c.outputs[p].get_layout_type() == logical_tensor::layout_type::strided
                                   ? c.outputs[p].get_strides() : std::vector<int64_t>{});
@@ -324,17 +338,17 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
                                               : c10::MemoryFormat::Contiguous);
     }
     for (const auto& [in_id, out_id] : c.partition.get_inplace_ports()) {
-      auto in = std::find(in_port_id_.begin(), in_port_id_.end(), in_id);
-      auto out = std::find(out_port_id_.begin(), out_port_id_.end(), out_id);
-      if (in == in_port_id_.end() || out == out_port_id_.end()) continue;
-      size_t p_in = in - in_port_id_.begin(), p_out = out - out_port_id_.begin();
+      auto in = std::find(in_ids.begin(), in_ids.end(), in_id);
+      auto out = std::find(out_ids.begin(), out_ids.end(), out_id);
+      if (in == in_ids.end() || out == out_ids.end()) continue;
+      size_t p_in = in - in_ids.begin(), p_out = out - out_ids.begin();
       // Only an input no other port of the group reads (conv(x) + x must not overwrite x early).
       if (in_port_input_[p_in] == kConstantPort || input_ports_[in_port_input_[p_in]] != 1 || out_qparams_[p_out]) continue;
       c.inplace.emplace_back(p_in, p_out);
     }
     for (const auto& lt : c.inputs) c.in_tensors.emplace_back(lt, runtime::engine(), nullptr);
     for (const auto& lt : c.outputs) c.out_tensors.emplace_back(lt, runtime::engine(), nullptr);
-    GRAPH_DEBUG("Compiled a partition of ", partition_.get_ops_num(), " ops for ", c.inputs.size(), " inputs; outputs: ",
+    GRAPH_DEBUG("Compiled a partition of ", part->partition.get_ops_num(), " ops for ", c.inputs.size(), " inputs; outputs: ",
                 describe_layouts(c.outputs));
   } catch (const std::exception& e) {  // dnnl::error, or a C++ exception oneDNN let through its C API
     GRAPH_DEBUG("oneDNN could not compile the partition (", e.what(), "); running it unfused:\n", *subgraph_);

@@ -39,6 +39,7 @@ void set_cache_capacity(int64_t n);
 struct Stats {
   std::atomic<int64_t> executions{0};     // fused partition executions
   std::atomic<int64_t> compilations{0};   // partitions compiled (one per group and input layout)
+  std::atomic<int64_t> partitionings{0};  // graphs oneDNN partitioned (one per block the fuser sees)
   std::atomic<int64_t> guard_failures{0}; // calls that took the unfused fallback: inputs differed from the profile
   std::atomic<int64_t> kernel_fallbacks{0};  // calls a kernel ran unfused because oneDNN could not compile
   std::atomic<int64_t> nonfinite_fallbacks{0};  // guard failures because an input held NaN or Inf
