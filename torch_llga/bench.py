@@ -10,8 +10,8 @@ A backend that fails on a model is reported as failed, with its error.
 on a few random batches); eager, torchscript, builtin_onednn and torch_llga run its reference form
 (convert_to_reference_fx: quantize/dequantize around fp32 ops), fx_x86 runs convert_fx's (PyTorch's
 native int8 kernels, traced and frozen: what a PyTorch user picks today), torchscript_fp32 the fp32
-model, torch_llga_exact torch_llga with TORCH_LLGA_INT8_EXACT=1. Differences are to the eager
-reference model.
+model, torch_llga_fast torch_llga with TORCH_LLGA_INT8_EXACT=0 (residual adds as conv post-ops, their
+requantization dropped). Differences are to the eager reference model.
 """
 import argparse
 import contextlib
@@ -32,8 +32,8 @@ from torch_llga.bench_models import MODELS
 warnings.filterwarnings("ignore")
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "fx_x86", "torchscript_fp32",
-            "torch_llga_exact"]
-INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_exact"}
+            "torch_llga_fast"]
+INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast"}
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 
 
@@ -54,12 +54,12 @@ class Backend:
             else:
                 self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
-            with exact_int8(name == "torch_llga_exact"):
+            with fast_int8(name == "torch_llga_fast"):
                 self.output = self.fn(*inputs)  # optimization and first optimized run
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
 
     def switch(self):
-        if self.name in ("torch_llga", "torch_llga_exact"):
+        if self.name in ("torch_llga", "torch_llga_fast"):
             return torch_llga.enabled()
         if self.name == "builtin_onednn":
             return BuiltinFuser()
@@ -74,11 +74,11 @@ class Backend:
 
 
 @contextlib.contextmanager
-def exact_int8(on):
-    """TORCH_LLGA_INT8_EXACT=1 while the pass runs: every requantization of the reference kept."""
+def fast_int8(on):
+    """TORCH_LLGA_INT8_EXACT=0 while the pass runs: residual adds join their conv, unrequantized."""
     previous = os.environ.get("TORCH_LLGA_INT8_EXACT")
     if on:
-        os.environ["TORCH_LLGA_INT8_EXACT"] = "1"
+        os.environ["TORCH_LLGA_INT8_EXACT"] = "0"
     try:
         yield
     finally:
