@@ -61,3 +61,24 @@ def test_in_place_add_of_an_fp32_tensor_stays_bf16():
     # (found by fuzzing): such an in-place op is left as it is.
     fused = check(LinearAddFp32InPlace(), torch.randn(3, 4, dtype=torch.bfloat16), **BF16)
     assert fused.output.dtype == torch.bfloat16
+
+
+class DenseLayerHead(nn.Module):
+    """DenseNet's cat -> batch_norm -> relu on bf16 features, its running statistics left fp32 (as
+    under autocast, which casts no BatchNorm parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(32).eval()
+        with torch.no_grad():  # statistics other than 0 and 1, so that a wrong one shows
+            self.norm.running_mean.uniform_(-1, 1), self.norm.running_var.uniform_(0.5, 2)
+            self.norm.weight.uniform_(0.5, 2), self.norm.bias.uniform_(-1, 1)
+
+    def forward(self, a, b):
+        return torch.relu(self.norm(torch.cat([a, b], 1)))
+
+
+def test_bf16_batch_norm_with_fp32_statistics():
+    a, b = (torch.randn(1, 16, 14, 14, dtype=torch.bfloat16) for _ in range(2))
+    fused = check(DenseLayerHead(), a, b, groups=[["batch_norm", "relu"]], **BF16)  # cat: too small alone
+    assert fused.output.dtype == torch.bfloat16

@@ -402,7 +402,7 @@ const std::vector<OpEntry>& op_table() {
       {"aten::conv3d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[3] stride=[1, 1, 1], SymInt[3] padding=[0, 0, 0], SymInt[3] dilation=[1, 1, 1], SymInt groups=1) -> Tensor",
        K::Convolution, kWorthAlone | kKeepsNaN, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
       {"aten::batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled) -> Tensor",
-       K::BatchNormInference, kWorthAlone | kShapePreserving | kKeepsNaN, batch_norm},
+       K::BatchNormInference, kWorthAlone | kShapePreserving | kKeepsNaN | kFloatParams, batch_norm},
       {"aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor",
        K::LayerNorm, kWorthAlone | kShapePreserving, layer_norm},
       {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN, linear},
@@ -559,7 +559,9 @@ std::optional<OpSpec> map_node(const Node* n) {
     }
     if (!supported_tensor(v)) return std::nullopt;
     if (!quant_op && c10::isQIntType(*v->type()->expect<TensorType>()->scalarType())) return std::nullopt;
-    if (!(e->flags & kCastsDtype) && v->type()->expect<TensorType>()->scalarType() != out_dtype) return std::nullopt;
+    auto dtype = v->type()->expect<TensorType>()->scalarType();
+    bool float_param = (e->flags & kFloatParams) && v != spec.inputs[0] && out_dtype == c10::kBFloat16 && dtype == c10::kFloat;
+    if (!(e->flags & kCastsDtype) && dtype != out_dtype && !float_param) return std::nullopt;
   }
   return spec;
 }

@@ -42,6 +42,9 @@ enum OpFlags : unsigned {
   // such ops needs no scan of its inputs. Activations, pooling, softmax and norms do not: oneDNN's
   // ReLU, Clamp and max-pool (and its polynomial approximations) can turn NaN into numbers.
   kKeepsNaN = 1u << 3,
+  // A bf16 op may take its parameters (every input after the first) in fp32: batch norm's running
+  // statistics stay fp32 in models traced under autocast (DenseNet's cat -> batch_norm -> relu).
+  kFloatParams = 1u << 4,
 };
 
 struct OpEntry {
