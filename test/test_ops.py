@@ -92,6 +92,17 @@ def test_binary_alpha_is_split_out():
     check(lambda a, b: torch.add(a, b, alpha=2), x, y, groups=[["mul", "add"]])
 
 
+@pytest.mark.parametrize("small", [(1, 1, 28, 28), (28,), (1,)])
+@pytest.mark.parametrize("op", ["add", "sub"])
+def test_binary_alpha_of_a_broadcast_first_operand(small, op):
+    # The first operand is the broadcast one: alpha still moves onto the second (it once kept the
+    # op out of oneDNN: found by PyTorch's own fuser tests). small - y is no post-op of y's mul
+    # (a post-op computes y op small), so sub forms two partitions.
+    fn = getattr(torch, op)
+    groups = [["mul", "add"]] if op == "add" else [["mul"], ["sub"]]
+    check(lambda a, b: fn(a, b, alpha=2), torch.randn(*small), torch.randn(1, 32, 28, 28), groups=groups)
+
+
 def test_add_zero_and_mul_one_are_removed():
     fused = check(lambda a: ((a + 0) * 1).relu(), x, groups=[["relu"]])
     assert "add" not in fused.unfused and "mul" not in fused.unfused

@@ -1,6 +1,6 @@
 // Binary ops as oneDNN wants them: both operands tensors of the output's dtype, no alpha.
 //   x + s, x * s (Scalar s)        -> x + tensor(s) of x's dtype   (alpha folded into s)
-//   x + y * alpha (Tensor y)       -> x + (y * tensor(alpha))
+//   x + y * alpha (Tensor y)       -> x + (y * tensor(alpha))     (also where x is the broadcast one)
 //   x op c (0-dim constant tensor) -> x op tensor(c) of x's dtype
 //   x + 0, x - 0, x * 1, x / 1     -> x   (unless x or the result is written in place: the
 //                                         result would alias x, and a write to one reach the other)
@@ -66,6 +66,18 @@ void collect_written(Block* block, torch::jit::AliasDb& db, Written& written) {
   }
 }
 
+// x + y * alpha -> x + (y * tensor(alpha)), for a tensor y of the output's floating dtype.
+void split_alpha(Node* n, double alpha) {
+  Value* y = n->input(1);
+  auto t = y->type()->cast<TensorType>(), o = n->output()->type()->cast<TensorType>();
+  if (!t || !o || !t->scalarType() || !c10::isFloatingType(*t->scalarType()) || t->scalarType() != o->scalarType()) return;
+  torch::jit::WithInsertPoint guard(n);
+  Value* scaled = n->owningGraph()->insert(c10::aten::mul, {y, tensor_constant(n, alpha, y)});
+  scaled->setType(y->type());
+  n->replaceInput(1, scaled);
+  n->replaceInput(2, n->owningGraph()->insertConstant(1));
+}
+
 // Replaces n by `x kind c` with tensor c; returns the new node.
 Node* replace_with_tensor_op(Node* n, Value* x, Value* c, Written& written) {
   torch::jit::WithInsertPoint guard(n);
@@ -84,12 +96,16 @@ void prepare(Block* block, Written& written) {
     if (!is_binary(n) || n->outputs().size() != 1) continue;
     Value* x = n->input(0);
     Value* y = n->input(1);
-    if (!keeps_type(x, n)) continue;
     double alpha = 1;
     if (has_alpha(n)) {
       auto a = n->inputs().size() > 2 ? number(n->input(2)) : std::optional<double>(1);
       if (!a) continue;
       alpha = *a;
+    }
+    if (!keeps_type(x, n)) {  // x is broadcast ([1, 1, 28, 28] + [1, 32, 28, 28]): only alpha moves
+      auto t = x->type()->cast<TensorType>(), o = n->output()->type()->cast<TensorType>();
+      if (alpha != 1 && t && o && t->scalarType() && t->scalarType() == o->scalarType()) split_alpha(n, alpha);
+      continue;
     }
 
     if (auto s = number(y)) {  // Tensor op Scalar
@@ -111,13 +127,7 @@ void prepare(Block* block, Written& written) {
       replace_with_tensor_op(n, x, tensor_constant(n, v, x), written);
       continue;
     }
-    if (alpha != 1 && y->type()->cast<TensorType>()->scalarType() == x->type()->expect<TensorType>()->scalarType()) {
-      torch::jit::WithInsertPoint guard(n);
-      Value* scaled = n->owningGraph()->insert(c10::aten::mul, {y, tensor_constant(n, alpha, x)});
-      scaled->setType(y->type());
-      n->replaceInput(1, scaled);
-      n->replaceInput(2, n->owningGraph()->insertConstant(1));
-    }
+    if (alpha != 1) split_alpha(n, alpha);
   }
 }
 
