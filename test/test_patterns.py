@@ -184,6 +184,13 @@ def test_binary_post_ops_onednn_gets_wrong(op, fn, out_shape):
     check(lambda a: fn(a) * 0.5, x, groups=[[op, "mul"]])
 
 
+def test_pooling_quirk_follows_the_family():
+    # max_pool3d came as one table entry flagged kPooling: the pooling post-op rule holds for it too.
+    x = torch.randn(3, 5, 4, 8, 8)
+    check(lambda a, b: F.max_pool3d(a, 2) + b, x, torch.randn(3, 5, 2, 4, 4), groups=[["max_pool3d"]])
+    check(lambda a: F.max_pool3d(a, 2) * 0.5, x, groups=[["max_pool3d", "mul"]])
+
+
 @pytest.mark.parametrize("operand", [(3, 5, 8, 8), (1, 5, 1, 1), (5, 1, 1), (8,), (1, 1, 8, 1)])
 def test_softmax_binary_post_ops(operand):
     # v3.2 computed these wrongly (garbage for [1, 5, 1, 1], no compilation for lower ranks; found by

@@ -46,10 +46,8 @@ at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
 
 // Whether every op in the group reading v is a convolution or a matmul (see readable()).
 bool read_by_conv_or_matmul_only(const Value* v) {
-  for (const auto& use : v->uses()) {
-    const OpEntry* e = find_entry(use.user);
-    if (!e || (e->kind != op::kind::Convolution && e->kind != op::kind::MatMul)) return false;
-  }
+  for (const auto& use : v->uses())
+    if (!in_family(use.user, kContraction)) return false;
   return !v->uses().empty();
 }
 

@@ -63,18 +63,16 @@ bool one_element(const Value* v) {
   return t && t->numel() == 1;
 }
 
-// Whether v is made by one of `kinds`, looking through the elementwise ops oneDNN chains after it
-// as post-ops: relu(linear(x)) * c is the same post-op on the same matmul.
-bool fed_by(const Value* v, std::initializer_list<c10::Symbol> kinds, int depth = 4) {
+// Whether v is made by an op of this oneDNN kind, looking through the elementwise ops oneDNN chains
+// after it as post-ops: relu(linear(x)) * c is the same post-op on the same matmul.
+bool fed_by(const Value* v, K kind, int depth = 4) {
   const Node* p = v->node();
-  if (std::find(kinds.begin(), kinds.end(), p->kind()) != kinds.end()) return true;
   const OpEntry* e = find_entry(p);
-  static const std::unordered_set<K> unary = {K::ReLU, K::GELU, K::Sigmoid, K::Tanh, K::Elu, K::LeakyReLU, K::Clamp,
-                                              K::HardSwish, K::HardSigmoid, K::Exp, K::Log, K::Sqrt, K::Abs,
-                                              K::Square, K::Round, K::Pow};
-  if (!e || depth == 0 || !(unary.count(e->kind) || is_binary_op(p))) return false;
+  if (!e) return false;
+  if (e->kind == kind) return true;
+  if (depth == 0 || !(e->flags & (kEltwise | kBinary))) return false;
   for (const Value* in : p->inputs())
-    if (is_tensor(in) && fed_by(in, kinds, depth - 1)) return true;
+    if (is_tensor(in) && fed_by(in, kind, depth - 1)) return true;
   return false;
 }
 
@@ -88,7 +86,7 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary) {
   auto out = sizes(binary->output());
   for (size_t i = 0; i < 2; ++i) {
     const Value* other = binary->input(1 - i);
-    if (!fed_by(binary->input(i), {c10::aten::linear, c10::aten::matmul, c10::aten::bmm})) continue;
+    if (!fed_by(binary->input(i), K::MatMul)) continue;
     auto o = sizes(other);
     if (out.size() >= 3 && out.back() > 1 && !o.empty() && o.back() == 1 && !one_element(other)) return true;
   }
@@ -105,7 +103,7 @@ bool one_element_layer_norm_post_op(const Node* binary) {
   // group may bring one element where the profile had more).
   auto out = sizes(binary->output());
   if (out.empty() || out.back() != 1) return false;
-  return fed_by(binary->input(0), {c10::aten::layer_norm}) || fed_by(binary->input(1), {c10::aten::layer_norm});
+  return fed_by(binary->input(0), K::LayerNorm) || fed_by(binary->input(1), K::LayerNorm);
 }
 
 // v3.2 (speed, not values): a matmul with one output column (a matrix-vector product) ran 2-10x
@@ -148,9 +146,7 @@ bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const N
   if (!active("pooling_binary_post_op")) return false;
   for (size_t i = 0; i < 2; ++i) {
     const Node* producer = binary->input(i)->node();
-    bool pooling = producer->kind() == c10::aten::max_pool2d || producer->kind() == c10::aten::avg_pool2d ||
-                   producer->kind() == c10::aten::adaptive_avg_pool2d;
-    if (pooling && partition.count(producer) && !constant_scalar(binary->input(1 - i))) return true;
+    if (in_family(producer, kPooling) && partition.count(producer) && !constant_scalar(binary->input(1 - i))) return true;
   }
   return false;
 }

@@ -213,7 +213,7 @@ bool layer_norm(const Node* n, OpSpec& s) {
 // oneDNN's pooling output size; the mapping holds only where it equals PyTorch's (ceil_mode edge cases differ).
 bool pool_shape_matches(const Node* n, const Ints& k, const Ints& st, const Ints& pad, const Ints& dil, bool ceil) {
   Ints in = sizes(n->input(0)), out = sizes(n->output());
-  for (size_t i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < k.size(); ++i) {
     double span = static_cast<double>(in[2 + i] + 2 * pad[i] - dil[i] * (k[i] - 1) - 1) / st[i];
     int64_t o = static_cast<int64_t>(ceil ? std::ceil(span) : std::floor(span)) + 1;
     if (o != out[2 + i]) return false;
@@ -221,13 +221,14 @@ bool pool_shape_matches(const Node* n, const Ints& k, const Ints& st, const Ints
   return true;
 }
 
-bool max_pool2d(const Node* n, OpSpec& s) {
-  if (rank(n->input(0)) != 4) return false;
-  auto k = spatial(ints_arg(n, 1), 2), pad = spatial(ints_arg(n, 3), 2), dil = spatial(ints_arg(n, 4), 2);
+template <size_t Dims>
+bool max_pool(const Node* n, OpSpec& s) {
+  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2) return false;
+  auto k = spatial(ints_arg(n, 1), Dims), pad = spatial(ints_arg(n, 3), Dims), dil = spatial(ints_arg(n, 4), Dims);
   auto st = ints_arg(n, 2);
   auto ceil = bool_arg(n, 5);
   if (st && st->empty()) st = k;
-  st = spatial(st, 2);
+  st = spatial(st, Dims);
   if (!k || !st || !pad || !dil || !ceil || !pool_shape_matches(n, *k, *st, *pad, *dil, *ceil)) return false;
   s.shape_specific = *ceil;  // ceil_mode output sizes agree with PyTorch's only where checked
   s.in(n->input(0)).attr(A::kernel, *k).attr(A::strides, *st).attr(A::pads_begin, *pad).attr(A::pads_end, *pad)
@@ -392,60 +393,62 @@ const std::vector<OpEntry>& op_table() {
   static const std::vector<OpEntry> table = {
       // convolution, normalization, matmul: compute-bound, worth a group alone
       {"aten::_convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool benchmark, bool deterministic, bool cudnn_enabled, bool allow_tf32) -> Tensor",
-       K::Convolution, kWorthAlone | kKeepsNaN, [](const Node* n, OpSpec& s) { return convolution(n, s, true); }},
+       K::Convolution, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return convolution(n, s, true); }},
       {"aten::_convolution.deprecated(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, int[] output_padding, SymInt groups, bool benchmark, bool deterministic, bool cudnn_enabled) -> Tensor",
-       K::Convolution, kWorthAlone | kKeepsNaN, [](const Node* n, OpSpec& s) { return convolution(n, s, true); }},
+       K::Convolution, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return convolution(n, s, true); }},
       {"aten::conv1d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[1] stride=[1], SymInt[1] padding=[0], SymInt[1] dilation=[1], SymInt groups=1) -> Tensor",
-       K::Convolution, kWorthAlone | kKeepsNaN, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
+       K::Convolution, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
       {"aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=[1, 1], SymInt[2] padding=[0, 0], SymInt[2] dilation=[1, 1], SymInt groups=1) -> Tensor",
-       K::Convolution, kWorthAlone | kKeepsNaN, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
+       K::Convolution, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
       {"aten::conv3d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[3] stride=[1, 1, 1], SymInt[3] padding=[0, 0, 0], SymInt[3] dilation=[1, 1, 1], SymInt groups=1) -> Tensor",
-       K::Convolution, kWorthAlone | kKeepsNaN, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
+       K::Convolution, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
       {"aten::batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled) -> Tensor",
        K::BatchNormInference, kWorthAlone | kShapePreserving | kKeepsNaN | kFloatParams, batch_norm},
       {"aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor",
        K::LayerNorm, kWorthAlone | kShapePreserving, layer_norm},
-      {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN, linear},
-      {"aten::matmul(Tensor self, Tensor other) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN, matmul},
-      {"aten::mm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN, matmul},
-      {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN, matmul},
+      {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, linear},
+      {"aten::matmul(Tensor self, Tensor other) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul},
+      {"aten::mm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul},
+      {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul},
       {"aten::softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", K::SoftMax, kWorthAlone | kShapePreserving, softmax},
       {"aten::log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", K::LogSoftmax, kWorthAlone | kShapePreserving, softmax},
       {"llga::softmax_inf_as_zero(Tensor self, int dim) -> Tensor", K::SoftMax, kWorthAlone | kShapePreserving, softmax_inf_as_zero},
       {"aten::max_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> Tensor",
-       K::MaxPool, kWorthAlone, max_pool2d},
+       K::MaxPool, kWorthAlone | kPooling, max_pool<2>},
+      {"aten::max_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> Tensor",
+       K::MaxPool, kWorthAlone | kPooling, max_pool<3>},
       {"aten::avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
-       K::AvgPool, kWorthAlone, avg_pool2d},
-      {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::AvgPool, kWorthAlone, global_avg_pool},
+       K::AvgPool, kWorthAlone | kPooling, avg_pool2d},
+      {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::AvgPool, kWorthAlone | kPooling, global_avg_pool},
       // binary (scalar operands become tensors in prepare_binary)
-      {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kKeepsNaN, binary_alpha},
-      {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kKeepsNaN, binary_alpha},
-      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kKeepsNaN, elementwise_binary},
-      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kKeepsNaN, elementwise_binary},
+      {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kKeepsNaN | kBinary, binary_alpha},
+      {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kKeepsNaN | kBinary, binary_alpha},
+      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kKeepsNaN | kBinary, elementwise_binary},
+      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kKeepsNaN | kBinary, elementwise_binary},
       // where(condition, self, other): the boolean mask of attention (decompose_ops' SDPA)
-      {"aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", K::Select, kKeepsNaN,
+      {"aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", K::Select, kKeepsNaN | kBinary,
        [](const Node* n, OpSpec& s) { s.in(n->input(0)).in(n->input(1)).in(n->input(2)); return true; }},
       // unary elementwise
-      {"aten::relu(Tensor self) -> Tensor", K::ReLU, kShapePreserving, unary},
-      {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", K::GELU, kShapePreserving, gelu},
-      {"aten::sigmoid(Tensor self) -> Tensor", K::Sigmoid, kShapePreserving, unary},
-      {"aten::tanh(Tensor self) -> Tensor", K::Tanh, kShapePreserving, unary},
-      {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", K::Elu, kShapePreserving, elu},
-      {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor", K::LeakyReLU, kShapePreserving, leaky_relu},
-      {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", K::Clamp, kShapePreserving, hardtanh},
-      {"aten::relu6(Tensor self) -> Tensor", K::Clamp, kShapePreserving,
+      {"aten::relu(Tensor self) -> Tensor", K::ReLU, kShapePreserving | kEltwise, unary},
+      {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", K::GELU, kShapePreserving | kEltwise, gelu},
+      {"aten::sigmoid(Tensor self) -> Tensor", K::Sigmoid, kShapePreserving | kEltwise, unary},
+      {"aten::tanh(Tensor self) -> Tensor", K::Tanh, kShapePreserving | kEltwise, unary},
+      {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", K::Elu, kShapePreserving | kEltwise, elu},
+      {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor", K::LeakyReLU, kShapePreserving | kEltwise, leaky_relu},
+      {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", K::Clamp, kShapePreserving | kEltwise, hardtanh},
+      {"aten::relu6(Tensor self) -> Tensor", K::Clamp, kShapePreserving | kEltwise,
        [](const Node* n, OpSpec& s) { return clamp_to(s, n->input(0), 0.0, 6.0); }},
-      {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", K::Clamp, kShapePreserving, clamp},
-      {"aten::hardswish(Tensor self) -> Tensor", K::HardSwish, kShapePreserving, unary},
-      {"aten::hardsigmoid(Tensor self) -> Tensor", K::HardSigmoid, kShapePreserving,  // clamp(x / 6 + 1/2, 0, 1)
+      {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", K::Clamp, kShapePreserving | kEltwise, clamp},
+      {"aten::hardswish(Tensor self) -> Tensor", K::HardSwish, kShapePreserving | kEltwise, unary},
+      {"aten::hardsigmoid(Tensor self) -> Tensor", K::HardSigmoid, kShapePreserving | kEltwise,  // clamp(x / 6 + 1/2, 0, 1)
        [](const Node* n, OpSpec& s) { s.in(n->input(0)).attr(A::alpha, 1.0f / 6.0f).attr(A::beta, 0.5f); return true; }},
-      {"aten::exp(Tensor self) -> Tensor", K::Exp, kShapePreserving, unary},
-      {"aten::log(Tensor self) -> Tensor", K::Log, kShapePreserving, unary},
-      {"aten::sqrt(Tensor self) -> Tensor", K::Sqrt, kShapePreserving, unary},
-      {"aten::abs(Tensor self) -> Tensor", K::Abs, kShapePreserving, unary},
-      {"aten::square(Tensor self) -> Tensor", K::Square, kShapePreserving, unary},
-      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving, round},
-      {"aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", K::Pow, kShapePreserving, pow_scalar},
+      {"aten::exp(Tensor self) -> Tensor", K::Exp, kShapePreserving | kEltwise, unary},
+      {"aten::log(Tensor self) -> Tensor", K::Log, kShapePreserving | kEltwise, unary},
+      {"aten::sqrt(Tensor self) -> Tensor", K::Sqrt, kShapePreserving | kEltwise, unary},
+      {"aten::abs(Tensor self) -> Tensor", K::Abs, kShapePreserving | kEltwise, unary},
+      {"aten::square(Tensor self) -> Tensor", K::Square, kShapePreserving | kEltwise, unary},
+      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving | kEltwise, round},
+      {"aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", K::Pow, kShapePreserving | kEltwise, pow_scalar},
       // data movement
       {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", K::Concat, kKeepsNaN, cat},
       {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)", K::StaticTranspose, kKeepsNaN, permute},
@@ -591,12 +594,9 @@ bool is_tensor(const Value* v) { return v->type()->kind() == c10::TypeKind::Tens
 
 bool table_has_kind(c10::Symbol kind) { return index().by_kind.count(kind) > 0; }
 
-bool is_binary_op(const Node* n) {
-  using K = op::kind;
+bool in_family(const Node* n, OpFlags family) {
   const OpEntry* e = find_entry(n);
-  return e && (e->kind == K::Add || e->kind == K::Subtract || e->kind == K::Multiply || e->kind == K::Divide ||
-               e->kind == K::Maximum || e->kind == K::Minimum || e->kind == K::SquaredDifference ||
-               e->kind == K::Select);
+  return e && (e->flags & family);
 }
 
 }  // namespace llga

@@ -45,6 +45,11 @@ enum OpFlags : unsigned {
   // A bf16 op may take its parameters (every input after the first) in fp32: batch norm's running
   // statistics stay fp32 in models traced under autocast (DenseNet's cat -> batch_norm -> relu).
   kFloatParams = 1u << 4,
+  // Families, one flag each, which passes and quirks ask with in_family() (never by listing ops):
+  kContraction = 1u << 5,  // convolution, matmul: the ops post-ops attach to
+  kPooling = 1u << 6,      // max/avg pooling
+  kEltwise = 1u << 7,      // unary elementwise: a post-op
+  kBinary = 1u << 8,       // elementwise binary (Add, Multiply, Select, ...): a post-op
 };
 
 struct OpEntry {
@@ -72,9 +77,13 @@ std::optional<OpSpec> map_node(const Node* n);
 // Why map_node(n) gives nothing, in words for torch_llga.explain(); empty if n maps.
 std::string unmapped_reason(const Node* n);
 
+// Whether n's table entry (conditions not checked) is of this family (kContraction, kPooling,
+// kEltwise, kBinary).
+bool in_family(const Node* n, OpFlags family);
+
 // Whether n maps to an elementwise binary op (Add, Multiply, ...): a post-op when it follows a
 // compute op in a partition.
-bool is_binary_op(const Node* n);
+inline bool is_binary_op(const Node* n) { return in_family(n, kBinary); }
 
 // Whether an op of this kind (ignoring the overload) appears in the table.
 bool table_has_kind(c10::Symbol kind);

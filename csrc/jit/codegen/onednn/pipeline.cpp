@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/runtime/profiling_record.h>
 
+#include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/runtime.h"
 
@@ -32,14 +33,13 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
 namespace {
 const auto registered = torch::jit::registerPrePass([](std::shared_ptr<Graph>& g) { RunPipeline(g); });
 
-// The executor profiles the tensors TensorExpr ops read and write; quantize_per_tensor, dequantize
-// and scaled_dot_product_attention are not among them, so the quantized tensors between the first
-// two would reach us without sizes or dtype, and attention's q, k, v and mask too (DecomposeOps
-// spells attention out only for profiled ones).
-const bool profiled_quantization = [] {
+// The executor profiles the tensors TensorExpr ops read and write. Every op the table maps is
+// profiled too (quantize_per_tensor, dequantize and max_pool3d are no TensorExpr ops: they would
+// reach us without sizes or dtype), and scaled_dot_product_attention, which DecomposeOps spells
+// out only for profiled q, k, v and mask.
+const bool profiled_table_ops = [] {
   torch::jit::RegisterProfilingNode([](const Node* n) {
-    return n->kind() == c10::aten::quantize_per_tensor || n->kind() == c10::aten::dequantize ||
-           n->kind() == c10::aten::scaled_dot_product_attention;
+    return n->kind() == c10::aten::scaled_dot_product_attention || find_entry(n) != nullptr;
   });
   return true;
 }();

@@ -49,8 +49,7 @@ Value* requantized_conv_operand(Node* add) {
     Node* q = d->node()->input(0)->node();
     if (!quantize_params(q) || q->output()->uses().size() != 1) continue;
     Node* conv = q->input(0)->node();
-    const OpEntry* e = find_entry(conv);
-    if (!e || (e->kind != op::kind::Convolution && e->kind != op::kind::MatMul) || !map_node(conv)) continue;
+    if (!in_family(conv, kContraction) || !map_node(conv)) continue;
     if (!is_dequantize(conv->input(0)) || !is_dequantize(conv->input(1)) || conv->output()->uses().size() != 1) continue;
     if (quirks::int8_sum_of_own_input(add->input(1 - i), conv)) continue;
     return d;
