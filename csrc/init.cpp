@@ -4,6 +4,7 @@
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
 #include "jit/codegen/onednn/fusion_kernel.h"
+#include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/runtime.h"
 #include "onednn/torch_onednn.h"
 
@@ -37,6 +38,17 @@ PYBIND11_MODULE(_C, m) {
     d["cached_partitions"] = s.cached_partitions.load();
     return d;
   });
+  // Each pass alone, for IR-in / IR-out tests (test_passes.py): the graph is changed in place.
+  using Pass = void (*)(std::shared_ptr<torch::jit::Graph>&);
+  for (auto [name, pass] : {std::pair<const char*, Pass>{"_jit_pass_remove_mutation", llga::RemoveMutation},
+                            {"_jit_pass_decompose_ops", llga::DecomposeOps},
+                            {"_jit_pass_prepare_binary", llga::PrepareBinary},
+                            {"_jit_pass_prepare_quantization", llga::PrepareQuantization},
+                            {"_jit_pass_defer_size_check", llga::DeferSizeCheck},
+                            {"_jit_pass_fuse_graph", llga::FuseGraph},
+                            {"_jit_pass_propagate_layout", llga::PropagateLayout},
+                            {"_jit_pass_insert_guards", llga::InsertGuards}})
+    m.def(name, [pass](std::shared_ptr<torch::jit::Graph> g) { pass(g); });
   m.def("_onednn_version", &llga::onednn::version);
   m.def("_onednn_library", [] { return llga::onednn::library_path(); });
 }
