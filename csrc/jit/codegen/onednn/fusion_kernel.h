@@ -58,12 +58,17 @@ class FusionKernel {
   void compile(Compiled& c, const Inputs& inputs);
   void run_fallback(torch::jit::Stack& stack);
 
+  // Reads the group node's attributes and the partition's ports into the structs below; false if
+  // the partition cannot run this group (every call then runs the subgraph unfused).
+  bool bind(const torch::jit::Node* node);
+
   std::shared_ptr<torch::jit::Graph> subgraph_;
   int64_t group_id_ = -1;
   std::string profiler_name_;
   size_t num_inputs_ = 0;
-  bool whole_fallback_ = false;  // the subgraph did not re-form one partition
-  // A partition with its port ids, in the order of the ports below.
+  bool whole_fallback_ = false;  // the partition does not fit the group (see bind)
+
+  // A partition with its port ids, in the order of in_ports_ and out_ports_.
   struct Partition {
     dnnl::graph::partition partition;
     std::vector<size_t> in_ids, out_ids;
@@ -75,19 +80,31 @@ class FusionKernel {
   std::unique_ptr<Partition> any_sizes_;
   bool any_sizes_made_ = false;
   const Partition* any_sizes();
-  std::vector<size_t> in_port_input_;    // input port -> group input index (kConstantPort: a weight)
-  std::vector<at::Tensor> in_port_constant_;  // input port -> the frozen constant it reads
-  std::vector<std::vector<int64_t>> in_port_sizes_;  // as profiled
-  std::vector<size_t> output_port_;      // group output -> output port
-  std::vector<size_t> port_output_;      // output port -> group output
-  std::vector<bool> opaque_output_;     // group output -> may stay in oneDNN's layout
-  std::vector<bool> any_dense_input_;   // group input -> read in any dense layout (see readable())
-  std::vector<bool> opaque_port_;       // the same, per output port
-  std::vector<size_t> input_ports_;     // group input -> how many input ports read it
-  std::vector<bool> guarded_input_;     // group input -> a guard's output (kGuardedInputs)
-  std::vector<std::vector<int64_t>> out_sizes_, out_strides_;
-  std::vector<c10::ScalarType> out_dtypes_;
-  std::vector<std::optional<QuantParams>> out_qparams_;  // per output port: a quantized output's scale/zp
+
+  // Per input of the group node.
+  struct Input {
+    bool guarded = false;    // a guard's output (kGuardedInputs)
+    bool any_dense = false;  // read in any dense layout (see readable())
+    size_t ports = 0;        // how many input ports read it
+  };
+  // Per input port of the partition.
+  struct InPort {
+    size_t input = kConstantPort;  // the group input it reads, or kConstantPort: `constant`
+    at::Tensor constant;           // the frozen weight it reads
+    std::vector<int64_t> sizes;    // as profiled
+  };
+  // Per output port of the partition.
+  struct OutPort {
+    size_t output = 0;    // the group output it is
+    bool opaque = false;  // read by groups only: may stay in oneDNN's layout
+    c10::ScalarType dtype = c10::ScalarType::Float;
+    std::vector<int64_t> sizes, strides;  // as profiled; strides eager's when dense, else contiguous
+    std::optional<QuantParams> qparams;   // a quantized output's scale and zero point
+  };
+  std::vector<Input> inputs_;
+  std::vector<InPort> in_ports_;
+  std::vector<OutPort> out_ports_;
+  std::vector<size_t> output_port_;  // group output -> its output port
 
   std::mutex cache_mutex_;
   std::list<std::shared_ptr<Compiled>> cache_;  // most recently used first

@@ -1,7 +1,6 @@
 #include "jit/codegen/onednn/fusion_kernel.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/util/strides.h>
 #include <algorithm>
@@ -170,70 +169,71 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     if (n->kind() != c10::prim::Constant)
       profiler_name_ += std::string(profiler_name_.back() == '[' ? "" : "+") + n->kind().toUnqualString();
   profiler_name_ += "]";
-  auto guarded = node->hasAttribute(kGuardedInputs) ? node->is(kGuardedInputs) : std::vector<int64_t>{};
-  for (size_t i = 0; i < num_inputs_; ++i) guarded_input_.push_back(i < guarded.size() && guarded[i]);
-  auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
-  for (size_t j = 0; j < node->outputs().size(); ++j) opaque_output_.push_back(j < opaque.size() && opaque[j]);
+  whole_fallback_ = !bind(node);
+}
 
+bool FusionKernel::bind(const torch::jit::Node* node) {
   ports_ = group_partition(node);
-  if (!ports_) {
-    whole_fallback_ = true;
-    return;
-  }
+  if (!ports_) return false;
   const GroupPartition& gp = *ports_;
   profiled_.partition = gp.partition;
 
+  auto guarded = node->hasAttribute(kGuardedInputs) ? node->is(kGuardedInputs) : std::vector<int64_t>{};
   auto nodes = subgraph_->nodes();
   bool binary_free = std::none_of(nodes.begin(), nodes.end(), [](const Node* n) { return is_binary_op(n); });
-  input_ports_.assign(subgraph_->inputs().size(), 0);
-  for (size_t i = 0; i < subgraph_->inputs().size(); ++i)
-    any_dense_input_.push_back(binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]));
+  inputs_.resize(num_inputs_);
+  for (size_t i = 0; i < num_inputs_; ++i) {
+    inputs_[i].guarded = i < guarded.size() && guarded[i];
+    inputs_[i].any_dense = binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]);
+  }
+
   auto in_lts = profiled_.partition.get_input_ports();
   for (size_t p = 0; p < in_lts.size(); ++p) {
     int64_t i = gp.input[p];
-    if (i < 0 && !gp.constant[p].defined()) { whole_fallback_ = true; return; }
-    in_port_input_.push_back(i >= 0 ? static_cast<size_t>(i) : kConstantPort);
-    if (i >= 0) input_ports_[i]++;
-    in_port_constant_.push_back(i >= 0 ? at::Tensor() : readable(gp.constant[p]));
+    InPort port;
+    if (i >= 0) {
+      port.input = static_cast<size_t>(i);
+      port.sizes = *subgraph_->inputs()[i]->type()->expect<TensorType>()->sizes().concrete_sizes();
+      inputs_[i].ports++;
+    } else if (gp.constant[p].defined()) {
+      port.constant = readable(gp.constant[p]);
+      port.sizes = in_lts[p].get_dims();
+    } else {
+      return false;  // neither a group input nor a weight
+    }
+    in_ports_.push_back(std::move(port));
     profiled_.in_ids.push_back(in_lts[p].get_id());
-    in_port_sizes_.push_back(i >= 0 ? *subgraph_->inputs()[i]->type()->expect<TensorType>()->sizes().concrete_sizes()
-                                    : in_lts[p].get_dims());
   }
+
+  auto opaque = node->hasAttribute(kOpaqueOutputs) ? node->is(kOpaqueOutputs) : std::vector<int64_t>{};
   output_port_.assign(subgraph_->outputs().size(), SIZE_MAX);
   auto out_lts = profiled_.partition.get_output_ports();
   for (size_t p = 0; p < out_lts.size(); ++p) {
     int64_t j = gp.output[p];
-    if (j < 0) { whole_fallback_ = true; return; }
-    output_port_[j] = port_output_.size();
-    port_output_.push_back(j);
-    profiled_.out_ids.push_back(out_lts[p].get_id());
-  }
-  for (size_t j = 0; j < output_port_.size(); ++j)
-    if (output_port_[j] == SIZE_MAX) { whole_fallback_ = true; return; }
-
-  // Outputs PyTorch reads get the profiled strides (eager's memory format) when dense, else contiguous.
-  for (size_t p = 0; p < port_output_.size(); ++p) {
-    size_t j = port_output_[p];
+    if (j < 0) return false;  // an output no group output is
+    OutPort port;
+    port.output = static_cast<size_t>(j);
     auto t = subgraph_->outputs()[j]->type()->expect<TensorType>();
-    auto sizes = *t->sizes().concrete_sizes();
+    port.dtype = *t->scalarType();
+    port.sizes = *t->sizes().concrete_sizes();
+    // Outputs PyTorch reads get the profiled strides (eager's memory format) when dense, else contiguous.
     auto strides = *t->strides().concrete_sizes();
-    if (!at::empty_strided(sizes, strides, at::TensorOptions().device(at::kMeta)).is_non_overlapping_and_dense())
-    {
-      auto contiguous = c10::contiguous_strides(sizes);
+    if (!at::empty_strided(port.sizes, strides, at::TensorOptions().device(at::kMeta)).is_non_overlapping_and_dense()) {
+      auto contiguous = c10::contiguous_strides(port.sizes);
       strides.assign(contiguous.begin(), contiguous.end());
     }
-    std::optional<QuantParams> q;
-    if (c10::isQIntType(*t->scalarType())) {
-      q = quantize_params(subgraph_->outputs()[j]->node());
-      if (!q) { whole_fallback_ = true; return; }
-      strides = quantized_strides(sizes);
+    if (c10::isQIntType(port.dtype)) {
+      port.qparams = quantize_params(subgraph_->outputs()[j]->node());
+      if (!port.qparams) return false;
+      strides = quantized_strides(port.sizes);
     }
-    out_qparams_.push_back(q);
-    opaque_port_.push_back(opaque_output_[j] && !q);
-    out_sizes_.push_back(sizes);
-    out_strides_.push_back(unit_dims_dense(sizes, strides));
-    out_dtypes_.push_back(*t->scalarType());
+    port.opaque = static_cast<size_t>(j) < opaque.size() && opaque[j] && !port.qparams;
+    port.strides = unit_dims_dense(port.sizes, strides);
+    output_port_[j] = out_ports_.size();
+    out_ports_.push_back(std::move(port));
+    profiled_.out_ids.push_back(out_lts[p].get_id());
   }
+  return std::find(output_port_.begin(), output_port_.end(), SIZE_MAX) == output_port_.end();  // every output a port
 }
 
 FusionKernel::~FusionKernel() {
@@ -271,11 +271,10 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
   // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
   // oneDNN infers them, and outputs PyTorch reads come back contiguous.
   bool profiled_sizes = true;
-  for (size_t p = 0; p < in_port_input_.size(); ++p) {
-    bool constant = in_port_input_[p] == kConstantPort;
-    const at::Tensor& t = constant ? in_port_constant_[p] : inputs[in_port_input_[p]];
+  for (const InPort& port : in_ports_) {
+    const at::Tensor& t = port.input == kConstantPort ? port.constant : inputs[port.input];
     auto sizes = is_llga_tensor(t) ? llga_impl(t).desc().get_dims() : t.dim() == 0 ? std::vector<int64_t>{1} : t.sizes().vec();
-    profiled_sizes = profiled_sizes && sizes == in_port_sizes_[p];
+    profiled_sizes = profiled_sizes && sizes == port.sizes;
   }
   const Partition* part = profiled_sizes ? &profiled_ : any_sizes();
   if (!part) {
@@ -285,9 +284,9 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
   }
   const auto& in_ids = part->in_ids;
   const auto& out_ids = part->out_ids;
-  for (size_t p = 0; p < in_port_input_.size(); ++p) {
-    bool constant = in_port_input_[p] == kConstantPort;
-    const at::Tensor& t = constant ? in_port_constant_[p] : inputs[in_port_input_[p]];
+  for (size_t p = 0; p < in_ports_.size(); ++p) {
+    bool constant = in_ports_[p].input == kConstantPort;
+    const at::Tensor& t = constant ? in_ports_[p].constant : inputs[in_ports_[p].input];
     auto prop = constant ? logical_tensor::property_type::constant : logical_tensor::property_type::variable;
     if (is_llga_tensor(t)) {
       const auto& d = llga_impl(t).desc();
@@ -302,11 +301,12 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
     }
   }
   std::vector<logical_tensor> outputs;
-  for (size_t p = 0; p < out_ids.size(); ++p) {
-    auto dtype = *to_dnnl_dtype(out_dtypes_[p]);
-    auto sizes = profiled_sizes ? out_sizes_[p] : std::vector<int64_t>(out_sizes_[p].size(), DNNL_GRAPH_UNKNOWN_DIM);
-    outputs.push_back(opaque_port_[p]   ? logical_tensor(out_ids[p], dtype, sizes, logical_tensor::layout_type::any)
-                      : profiled_sizes ? logical_tensor(out_ids[p], dtype, sizes, out_strides_[p])
+  for (size_t p = 0; p < out_ports_.size(); ++p) {
+    const OutPort& port = out_ports_[p];
+    auto dtype = *to_dnnl_dtype(port.dtype);
+    auto sizes = profiled_sizes ? port.sizes : std::vector<int64_t>(port.sizes.size(), DNNL_GRAPH_UNKNOWN_DIM);
+    outputs.push_back(port.opaque      ? logical_tensor(out_ids[p], dtype, sizes, logical_tensor::layout_type::any)
+                      : profiled_sizes ? logical_tensor(out_ids[p], dtype, sizes, port.strides)
                                        : logical_tensor(out_ids[p], dtype, sizes, logical_tensor::layout_type::strided));
   }
   try {
@@ -332,8 +332,8 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
       c.out_sizes.push_back(c.outputs[p].get_dims());
       c.out_strides.push_back(c.outputs[p].get_layout_type() == logical_tensor::layout_type::strided
                                   ? c.outputs[p].get_strides() : std::vector<int64_t>{});
-      c.out_formats.push_back(out_qparams_[p] ? memory_format_of(c.out_sizes[p], c.out_strides[p])
-                                              : c10::MemoryFormat::Contiguous);
+      c.out_formats.push_back(out_ports_[p].qparams ? memory_format_of(c.out_sizes[p], c.out_strides[p])
+                                                    : c10::MemoryFormat::Contiguous);
     }
     for (const auto& [in_id, out_id] : c.partition.get_inplace_ports()) {
       auto in = std::find(in_ids.begin(), in_ids.end(), in_id);
@@ -341,7 +341,8 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
       if (in == in_ids.end() || out == out_ids.end()) continue;
       size_t p_in = in - in_ids.begin(), p_out = out - out_ids.begin();
       // Only an input no other port of the group reads (conv(x) + x must not overwrite x early).
-      if (in_port_input_[p_in] == kConstantPort || input_ports_[in_port_input_[p_in]] != 1 || out_qparams_[p_out]) continue;
+      size_t i = in_ports_[p_in].input;
+      if (i == kConstantPort || inputs_[i].ports != 1 || out_ports_[p_out].qparams) continue;
       c.inplace.emplace_back(p_in, p_out);
     }
     for (const auto& lt : c.inputs) c.in_tensors.emplace_back(lt, runtime::engine(), nullptr);
@@ -356,8 +357,8 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
 
 std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const Inputs& inputs) {
   Key key;
-  for (size_t i : in_port_input_)
-    if (i != kConstantPort) append_key(key, inputs[i]);
+  for (const InPort& port : in_ports_)
+    if (port.input != kConstantPort) append_key(key, inputs[port.input]);
   std::lock_guard<std::mutex> lock(cache_mutex_);
   for (auto it = cache_.begin(); it != cache_.end(); ++it) {
     if (std::equal(key.begin(), key.end(), (*it)->key.begin(), (*it)->key.end())) {
@@ -398,15 +399,15 @@ void FusionKernel::run(Stack& stack) {
   Inputs inputs;
   auto args = torch::jit::last(stack, num_inputs_);
   for (size_t i = 0; i < num_inputs_; ++i)
-    inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), any_dense_input_[i]) : at::Tensor());
+    inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), inputs_[i].any_dense) : at::Tensor());
   std::shared_ptr<Compiled> compiled = compiled_for(inputs);
   Compiled& c = *compiled;
   if (c.fallback) return run_fallback(stack);
 
   c10::SmallVector<at::Tensor, 4> outs(c.outputs.size());
   for (auto [p_in, p_out] : c.inplace) {
-    size_t i = in_port_input_[p_in];
-    if (!opaque_port_[p_out] || !reusable_as_output(inputs[i], args[i], guarded_input_[i], c.outputs[p_out])) continue;
+    size_t i = in_ports_[p_in].input;
+    if (!out_ports_[p_out].opaque || !reusable_as_output(inputs[i], args[i], inputs_[i].guarded, c.outputs[p_out])) continue;
     outs[p_out] = inputs[i];
     runtime::stats().inplace_outputs.fetch_add(1, std::memory_order_relaxed);
   }
@@ -415,16 +416,19 @@ void FusionKernel::run(Stack& stack) {
     const auto& lt = c.outputs[p];
     // An output only groups read is an LLGA tensor whatever layout oneDNN chose (blocked, or a
     // strided one such as NHWC): the next group reads its layout from it, and guards accept it.
-    const auto& q = out_qparams_[p];
-    outs[p] = opaque_port_[p] ? empty_llga(lt, out_dtypes_[p])
-              : q ? at::_empty_affine_quantized(c.out_sizes[p], at::TensorOptions().dtype(out_dtypes_[p]), q->scale,
+    const OutPort& port = out_ports_[p];
+    const auto& q = port.qparams;
+    outs[p] = port.opaque ? empty_llga(lt, port.dtype)
+              : q ? at::_empty_affine_quantized(c.out_sizes[p], at::TensorOptions().dtype(port.dtype), q->scale,
                                                 q->zero_point, c.out_formats[p])
-                  : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(out_dtypes_[p]));
+                  : at::empty_strided(c.out_sizes[p], c.out_strides[p], at::TensorOptions().dtype(port.dtype));
   }
   {
     std::lock_guard<std::mutex> lock(c.execute_mutex);
-    for (size_t p = 0; p < c.in_tensors.size(); ++p)
-      c.in_tensors[p].set_data_handle(data_of(in_port_input_[p] == kConstantPort ? in_port_constant_[p] : inputs[in_port_input_[p]]));
+    for (size_t p = 0; p < c.in_tensors.size(); ++p) {
+      const InPort& port = in_ports_[p];
+      c.in_tensors[p].set_data_handle(data_of(port.input == kConstantPort ? port.constant : inputs[port.input]));
+    }
     for (size_t p = 0; p < c.out_tensors.size(); ++p) c.out_tensors[p].set_data_handle(data_of(outs[p]));
     c.partition.execute(runtime::stream(), c.in_tensors, c.out_tensors);
   }
@@ -464,108 +468,6 @@ int64_t release_compiled_partitions(const torch::jit::Graph* g) {
 
 namespace {
 
-// The llga::Guard operator (see guard_shapes.cpp): true when every input still has what the
-// group was specialized on: dtype, device and sizes (and no grad is needed). Strides are not part of
-// that: the kernel compiles for the actual strides (or LLGA layout) and caches per stride pattern,
-// so a channels_last or sliced input runs fused and correct. (The profile's strides are also lossy:
-// it canonicalizes strides around size-1 dims, so comparing against them rejects valid inputs.)
-// Under the "compile" shape policy a shape-free group takes any non-empty sizes of the profiled rank.
-// Strided memory that holds the tensor's values: not an efficient zero tensor, a sparse or mkldnn
-// tensor (no such memory to hand oneDNN), nor a negated or conjugated view (memory that means
-// something else). PyTorch's ops know these; groups get the others.
-bool plain_memory(const at::Tensor& t) {
-  return t.layout() == c10::kStrided && !t._is_zerotensor() && !t.is_neg() && !t.is_conj();
-}
-
-bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
-  if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
-  if (!is_llga_tensor(t) && !plain_memory(t)) return false;
-  if (at::GradMode::is_enabled() && t.requires_grad()) return false;
-  if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
-  return t.sizes() == *expected.sizes().concrete_sizes();
-}
-
-// Any Inf or NaN (exponent all ones) among n values of this bit width? Adding one to the exponent
-// of |x| carries into the sign bit exactly then; OR-ing the sums is plain integer work, which the
-// compiler vectorizes in fixed-size blocks (the scan runs on every checked input of every call).
-template <typename Bits>
-[[gnu::always_inline]] inline bool any_nonfinite_in(const Bits* bits, int64_t n) {
-  constexpr int kMantissa = sizeof(Bits) == 4 ? 23 : 7;  // fp32, bf16
-  constexpr Bits kSign = Bits(1) << (sizeof(Bits) * 8 - 1);
-  constexpr Bits kExpOne = Bits(1) << kMantissa;
-  constexpr int64_t kBlock = 256;
-  Bits acc = 0;
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t j = 0; j < kBlock; ++j) acc |= static_cast<Bits>((bits[i + j] & ~kSign) + kExpOne);
-  for (; i < n; ++i) acc |= static_cast<Bits>((bits[i] & ~kSign) + kExpOne);
-  return acc & kSign;
-}
-
-// Compiled for AVX-512 and AVX2 too, picked at load time: 64-byte vectors scan 4x the default's
-// 16 bytes per instruction.
-[[gnu::target_clones("avx512f", "avx2", "default")]] bool any_nonfinite(const uint32_t* bits, int64_t n) {
-  return any_nonfinite_in(bits, n);
-}
-[[gnu::target_clones("avx512f", "avx2", "default")]] bool any_nonfinite(const uint16_t* bits, int64_t n) {
-  return any_nonfinite_in(bits, n);
-}
-
-// No NaN or Inf in t, for groups with an op that would turn them into numbers (kFiniteInputs).
-// LLGA tensors come from groups whose own inputs passed this check. Dense tensors are scanned in
-// memory order (the order does not matter for "any").
-// Large tensors are scanned on PyTorch's intra-op threads (XML-CNN scans a 1.2 MB input per group).
-template <typename Bits>
-bool any_nonfinite_parallel(const Bits* bits, int64_t n) {
-  constexpr int64_t kGrain = 64 * 1024;
-  if (n < 2 * kGrain) return any_nonfinite(bits, n);
-  std::atomic<bool> found{false};
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    if (!found.load(std::memory_order_relaxed) && any_nonfinite(bits + begin, end - begin))
-      found.store(true, std::memory_order_relaxed);
-  });
-  return found.load();
-}
-
-bool all_finite(const at::Tensor& t) {
-  if (is_llga_tensor(t) || !at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
-  if (t.is_non_overlapping_and_dense()) {
-    if (t.scalar_type() == at::kFloat)
-      return !any_nonfinite_parallel(static_cast<const uint32_t*>(t.const_data_ptr()), t.numel());
-    if (t.scalar_type() == at::kBFloat16)
-      return !any_nonfinite_parallel(static_cast<const uint16_t*>(t.const_data_ptr()), t.numel());
-  }
-  return at::isfinite(t).all().item<bool>();
-}
-
-torch::jit::Operation make_guard(const torch::jit::Node* node) {
-  std::vector<torch::jit::TensorTypePtr> expected;
-  for (const auto& type : node->tys(c10::attr::types)) expected.push_back(type->expect<TensorType>());
-  bool shape_free = node->hasAttribute(kShapeFree) && node->i(kShapeFree);
-  bool finite_inputs = !node->hasAttribute(kFiniteInputs) || node->i(kFiniteInputs);
-  // Per checked input: -1 = scan it here, k = its finiteness is extra input k (an llga::AllFinite).
-  auto given = node->hasAttribute(kFiniteGiven) ? node->is(kFiniteGiven) : std::vector<int64_t>(expected.size(), -1);
-  size_t extra = node->inputs().size() - expected.size();
-  return [expected, shape_free, finite_inputs, given, extra](Stack& stack) {
-    size_t n = expected.size();
-    auto inputs = torch::jit::last(stack, n + extra);
-    bool any_sizes = shape_free && runtime::shape_policy() == runtime::ShapePolicy::kCompile;
-    bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes);
-    if (ok && finite_inputs) {
-      for (size_t i = 0; i < n && ok; ++i) ok = given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool();
-      if (!ok) runtime::stats().nonfinite_fallbacks.fetch_add(1, std::memory_order_relaxed);
-    }
-    torch::jit::drop(stack, extra);
-    if (!ok) {
-      runtime::stats().guard_failures.fetch_add(1, std::memory_order_relaxed);
-      // The fallback runs PyTorch ops: no LLGA tensor may reach them.
-      for (size_t i = 0; i < n; ++i) stack[stack.size() - n + i] = llga_to_dense(stack[stack.size() - n + i].toTensor());
-    }
-    stack.emplace_back(ok);
-  };
-}
-
 torch::jit::RegisterOperators registered({
     torch::jit::Operator(
         kFusionGroup,
@@ -574,18 +476,6 @@ torch::jit::RegisterOperators registered({
           return [kernel](Stack& stack) { kernel->run(stack); };
         },
         c10::AliasAnalysisKind::PURE_FUNCTION),
-    torch::jit::Operator(kGuard, make_guard, c10::AliasAnalysisKind::CONSERVATIVE),
-    // The guards' shared NaN/Inf scan (see guard_shapes.cpp).
-    torch::jit::Operator(
-        "llga::AllFinite(Tensor x) -> bool",
-        [](Stack& stack) {
-          // It runs before the guards' other checks: only a tensor they can accept is scanned (an
-          // answer for another one is never read: its guard fails first).
-          const at::Tensor t = stack.back().toTensor();
-          bool scannable = t.defined() && t.device().is_cpu() && plain_memory(t) && t.has_storage();
-          stack.back() = !scannable || all_finite(t);
-        },
-        c10::AliasAnalysisKind::FROM_SCHEMA),
 });
 
 }  // namespace

@@ -1,0 +1,141 @@
+// The guards' run-time side (the pass that inserts them is guard_shapes.cpp): the llga::Guard
+// operator, which checks a group's inputs against what it was built for, and llga::AllFinite, the
+// NaN/Inf scan several guards share.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
+#include <torch/csrc/jit/runtime/operator.h>
+
+#include <atomic>
+
+#include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/runtime.h"
+
+namespace llga {
+
+using torch::jit::Stack;
+using torch::jit::TensorType;
+
+namespace {
+
+// The llga::Guard operator (see guard_shapes.cpp): true when every input still has what the
+// group was specialized on: dtype, device and sizes (and no grad is needed). Strides are not part of
+// that: the kernel compiles for the actual strides (or LLGA layout) and caches per stride pattern,
+// so a channels_last or sliced input runs fused and correct. (The profile's strides are also lossy:
+// it canonicalizes strides around size-1 dims, so comparing against them rejects valid inputs.)
+// Under the "compile" shape policy a shape-free group takes any non-empty sizes of the profiled rank.
+// Strided memory that holds the tensor's values: not an efficient zero tensor, a sparse or mkldnn
+// tensor (no such memory to hand oneDNN), nor a negated or conjugated view (memory that means
+// something else). PyTorch's ops know these; groups get the others.
+bool plain_memory(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t._is_zerotensor() && !t.is_neg() && !t.is_conj();
+}
+
+bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
+  if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
+  if (!is_llga_tensor(t) && !plain_memory(t)) return false;
+  if (at::GradMode::is_enabled() && t.requires_grad()) return false;
+  if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
+  return t.sizes() == *expected.sizes().concrete_sizes();
+}
+
+// Any Inf or NaN (exponent all ones) among n values of this bit width? Adding one to the exponent
+// of |x| carries into the sign bit exactly then; OR-ing the sums is plain integer work, which the
+// compiler vectorizes in fixed-size blocks (the scan runs on every checked input of every call).
+template <typename Bits>
+[[gnu::always_inline]] inline bool any_nonfinite_in(const Bits* bits, int64_t n) {
+  constexpr int kMantissa = sizeof(Bits) == 4 ? 23 : 7;  // fp32, bf16
+  constexpr Bits kSign = Bits(1) << (sizeof(Bits) * 8 - 1);
+  constexpr Bits kExpOne = Bits(1) << kMantissa;
+  constexpr int64_t kBlock = 256;
+  Bits acc = 0;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) acc |= static_cast<Bits>((bits[i + j] & ~kSign) + kExpOne);
+  for (; i < n; ++i) acc |= static_cast<Bits>((bits[i] & ~kSign) + kExpOne);
+  return acc & kSign;
+}
+
+// Compiled for AVX-512 and AVX2 too, picked at load time: 64-byte vectors scan 4x the default's
+// 16 bytes per instruction.
+[[gnu::target_clones("avx512f", "avx2", "default")]] bool any_nonfinite(const uint32_t* bits, int64_t n) {
+  return any_nonfinite_in(bits, n);
+}
+[[gnu::target_clones("avx512f", "avx2", "default")]] bool any_nonfinite(const uint16_t* bits, int64_t n) {
+  return any_nonfinite_in(bits, n);
+}
+
+// No NaN or Inf in t, for groups with an op that would turn them into numbers (kFiniteInputs).
+// LLGA tensors come from groups whose own inputs passed this check. Dense tensors are scanned in
+// memory order (the order does not matter for "any").
+// Large tensors are scanned on PyTorch's intra-op threads (XML-CNN scans a 1.2 MB input per group).
+template <typename Bits>
+bool any_nonfinite_parallel(const Bits* bits, int64_t n) {
+  constexpr int64_t kGrain = 64 * 1024;
+  if (n < 2 * kGrain) return any_nonfinite(bits, n);
+  std::atomic<bool> found{false};
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    if (!found.load(std::memory_order_relaxed) && any_nonfinite(bits + begin, end - begin))
+      found.store(true, std::memory_order_relaxed);
+  });
+  return found.load();
+}
+
+bool all_finite(const at::Tensor& t) {
+  if (is_llga_tensor(t) || !at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
+  if (t.is_non_overlapping_and_dense()) {
+    if (t.scalar_type() == at::kFloat)
+      return !any_nonfinite_parallel(static_cast<const uint32_t*>(t.const_data_ptr()), t.numel());
+    if (t.scalar_type() == at::kBFloat16)
+      return !any_nonfinite_parallel(static_cast<const uint16_t*>(t.const_data_ptr()), t.numel());
+  }
+  return at::isfinite(t).all().item<bool>();
+}
+
+torch::jit::Operation make_guard(const torch::jit::Node* node) {
+  std::vector<torch::jit::TensorTypePtr> expected;
+  for (const auto& type : node->tys(c10::attr::types)) expected.push_back(type->expect<TensorType>());
+  bool shape_free = node->hasAttribute(kShapeFree) && node->i(kShapeFree);
+  bool finite_inputs = !node->hasAttribute(kFiniteInputs) || node->i(kFiniteInputs);
+  // Per checked input: -1 = scan it here, k = its finiteness is extra input k (an llga::AllFinite).
+  auto given = node->hasAttribute(kFiniteGiven) ? node->is(kFiniteGiven) : std::vector<int64_t>(expected.size(), -1);
+  size_t extra = node->inputs().size() - expected.size();
+  return [expected, shape_free, finite_inputs, given, extra](Stack& stack) {
+    size_t n = expected.size();
+    auto inputs = torch::jit::last(stack, n + extra);
+    bool any_sizes = shape_free && runtime::shape_policy() == runtime::ShapePolicy::kCompile;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes);
+    if (ok && finite_inputs) {
+      for (size_t i = 0; i < n && ok; ++i) ok = given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool();
+      if (!ok) runtime::stats().nonfinite_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    }
+    torch::jit::drop(stack, extra);
+    if (!ok) {
+      runtime::stats().guard_failures.fetch_add(1, std::memory_order_relaxed);
+      // The fallback runs PyTorch ops: no LLGA tensor may reach them.
+      for (size_t i = 0; i < n; ++i) stack[stack.size() - n + i] = llga_to_dense(stack[stack.size() - n + i].toTensor());
+    }
+    stack.emplace_back(ok);
+  };
+}
+
+torch::jit::RegisterOperators registered({
+    torch::jit::Operator(kGuard, make_guard, c10::AliasAnalysisKind::CONSERVATIVE),
+    // The guards' shared NaN/Inf scan (see guard_shapes.cpp).
+    torch::jit::Operator(
+        "llga::AllFinite(Tensor x) -> bool",
+        [](Stack& stack) {
+          // It runs before the guards' other checks: only a tensor they can accept is scanned (an
+          // answer for another one is never read: its guard fails first).
+          const at::Tensor t = stack.back().toTensor();
+          bool scannable = t.defined() && t.device().is_cpu() && plain_memory(t) && t.has_storage();
+          stack.back() = !scannable || all_finite(t);
+        },
+        c10::AliasAnalysisKind::FROM_SCHEMA),
+});
+
+}  // namespace
+
+}  // namespace llga
