@@ -29,8 +29,6 @@ import torch
 import torch_llga
 from torch_llga.bench_models import MODELS
 
-warnings.filterwarnings("ignore")
-
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "fx_x86", "torchscript_fp32",
             "torch_llga_fast"]
 INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast"}
@@ -240,6 +238,7 @@ def plot(rows, backends, path):
 
 
 def main(argv=None):
+    warnings.filterwarnings("ignore")  # the run's own output only (importing this module changes nothing)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,resnet18_64,mobilenet_v2,mobilenet_v3_large,vit_b_16,bert_base,"
                         "deep_and_wide,deep_and_wide_64,lld6,xml_cnn,mlp,conv3x3_512",

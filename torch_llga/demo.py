@@ -12,8 +12,6 @@ import torch
 import torch_llga
 from torch_llga.report import format_groups, fusion_groups, unfused_ops
 
-warnings.filterwarnings("ignore", category=FutureWarning)
-
 
 def median_ms(fn, x, runs):
     times = []
@@ -27,6 +25,7 @@ def median_ms(fn, x, runs):
 def main():
     import torchvision
 
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notes
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet50", help="a torchvision model name")
     parser.add_argument("--runs", type=int, default=30)
