@@ -38,7 +38,7 @@ def test_model_traced_under_autocast(jit_autocast_off):
     report = torch_llga.explain(traced, x, verbose=False)
     assert ["_convolution", "add", "relu"] in [g["ops"] for g in report.groups]
     assert all(i.startswith("bfloat16") for g in report.groups for i in g["inputs"])  # bf16 partitions
-    assert ("to", "cheap ops too small to pay for a group (fewer than 3, or under 256K elements)") in report.unfused
+    assert any(op == "to" and why.startswith("cheap ops too small to pay for a group") for op, why in report.unfused)
     assert report.fused_share >= 0.85  # left: the casts, the classifier's pooling and flatten
     with torch.no_grad():
         out = traced(x)

@@ -28,8 +28,8 @@ def test_explain_reports_partitions_and_reasons(capsys):
     assert report.groups[0]["inputs"] == ["float32[1, 3, 16, 16]"]
     why = reasons(report)
     assert why["sin"] == "no oneDNN mapping"
-    assert why["mul"] in ("cheap ops too small to pay for a group (fewer than 3, or under 256K elements)",
-                          "dtype Double not supported (float, bfloat16 are)")
+    assert why["mul"].startswith("cheap ops too small to pay for a group") or \
+        why["mul"] == "dtype Double not supported (float, bfloat16 are)"
     assert "dtype Double not supported (float, bfloat16 are)" in [r for op, r in report.unfused if op == "mul"]
     assert "cheap ops too small" in str(report)
     assert 0 < report.fused_share < 1

@@ -108,7 +108,7 @@ bool worth_a_group(const std::vector<Node*>& nodes) {
     auto t = n->output()->type()->cast<torch::jit::TensorType>();
     if (t && t->numel()) largest = std::max<int64_t>(largest, *t->numel());
   }
-  return nodes.size() >= 3 && largest >= kMinElementsForCheapGroup;
+  return nodes.size() >= kMinOpsForCheapGroup && largest >= kMinElementsForCheapGroup;
 }
 
 void mark_unfused(const std::vector<Node*>& nodes, const std::string& reason) {
@@ -178,7 +178,8 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
     }
     if (!worth_a_group(nodes) && !runtime::fuse_all_partitions()) {
       GRAPH_DEBUG("Not worth a group: [", describe(nodes), "]");
-      mark_unfused(nodes, "cheap ops too small to pay for a group (fewer than 3, or under 256K elements)");
+      mark_unfused(nodes, "cheap ops too small to pay for a group (fewer than " + std::to_string(kMinOpsForCheapGroup) +
+                              ", or under " + std::to_string(kMinElementsForCheapGroup / 1024) + "K elements)");
       continue;
     }
     partitions.emplace_back(std::move(nodes), &p);

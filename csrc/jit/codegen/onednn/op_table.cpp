@@ -487,20 +487,22 @@ const Index& index() {
   return idx;
 }
 
-// A tensor oneDNN may take: CPU, profiled, not empty, of a dtype the table maps (`condition`: a
-// Select's boolean mask instead).
-bool supported_tensor(const Value* v, bool condition = false) {
+// Why oneDNN may not take this tensor, or "" if it may: CPU, profiled, not empty, of a dtype the
+// table maps (`condition`: a Select's boolean mask instead). unmapped_reason says the same words.
+std::string tensor_problem(const Value* v, bool condition = false) {
   auto t = v->type()->cast<TensorType>();
-  if (!t || !t->scalarType() || !t->device() || !t->device()->is_cpu()) return false;
-  if (condition ? *t->scalarType() != c10::ScalarType::Bool : !to_dnnl_dtype(*t->scalarType())) return false;
+  if (!t) return "not a tensor";
   auto s = t->sizes().concrete_sizes();
-  auto st = t->strides().concrete_sizes();
-  if (!s || !st) return false;  // unprofiled
-  if (s->empty()) return v->node()->kind() == c10::prim::Constant;  // a 0-dim constant is a [1] to oneDNN
-  for (auto d : *s)
-    if (d == 0) return false;  // empty tensors
-  return true;
+  if (!t->device() || !t->scalarType() || !s || !t->strides().concrete_sizes()) return "sizes or dtype not profiled";
+  if (!t->device()->is_cpu()) return "not on CPU";
+  if (condition ? *t->scalarType() != c10::ScalarType::Bool : !to_dnnl_dtype(*t->scalarType()))
+    return std::string("dtype ") + c10::toString(*t->scalarType()) + " not supported (float, bfloat16 are)";
+  if (t->numel() == 0) return "empty tensor";
+  if (s->empty() && v->node()->kind() != c10::prim::Constant) return "0-dim tensor";  // a 0-dim constant is a [1]
+  return "";
 }
+
+bool supported_tensor(const Value* v, bool condition = false) { return tensor_problem(v, condition).empty(); }
 }  // namespace
 
 dnnl::graph::logical_tensor::data_type input_dtype(c10::ScalarType t) {
@@ -577,13 +579,9 @@ std::string unmapped_reason(const Node* n) {
   for (const Value* v : n->inputs())
     if (is_tensor(v)) tensors.push_back(v);
   for (const Value* v : tensors) {
-    auto t = v->type()->expect<TensorType>();
-    if (!t->device() || !t->scalarType() || !t->sizes().concrete_sizes()) return "sizes or dtype not profiled";
-    if (!t->device()->is_cpu()) return "not on CPU";
-    if (!to_dnnl_dtype(*t->scalarType()))
-      return std::string("dtype ") + c10::toString(*t->scalarType()) + " not supported (float, bfloat16 are)";
-    if (t->numel() == 0) return "empty tensor";
-    if (t->sizes().concrete_sizes()->empty() && v->node()->kind() != c10::prim::Constant) return "0-dim tensor";
+    // where(condition, self, other) reads a boolean mask
+    bool condition = e->kind == op::kind::Select && v == n->input(0);
+    if (auto problem = tensor_problem(v, condition); !problem.empty()) return problem;
   }
   if (!non_tensor_inputs_constant(n)) return "an argument computed at run time (guards check tensors only)";
   if (!map_node(n)) return "arguments outside the mapping's conditions (op_table.cpp)";

@@ -64,6 +64,7 @@ struct OpEntry {
 // Partitions of only cheap ops (elementwise, reshapes) pay for a group's fixed cost (guard, branch,
 // oneDNN execution) from about this many elements on (measured on this project's machine).
 constexpr int64_t kMinElementsForCheapGroup = 256 * 1024;
+constexpr size_t kMinOpsForCheapGroup = 3;
 
 const std::vector<OpEntry>& op_table();
 
