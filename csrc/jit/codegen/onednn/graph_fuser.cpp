@@ -163,6 +163,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
     built = build_graph(block, opts);
   }
   mark_unmapped(block, built, db);
+  for (Node* n : built.shape_specific) n->i_(kShapeSpecific, 1);  // read by InsertGuards
   if (!built.failure.empty())
     for (const auto& [id, n] : built.op_nodes) n->s_(kUnfusedReason, "oneDNN could not partition this block: " + built.failure);
   for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN computes that post-op wrongly (onednn_quirks.h)");

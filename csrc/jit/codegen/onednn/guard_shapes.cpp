@@ -37,13 +37,10 @@ using torch::jit::Block;
 namespace {
 
 // Whether the group's partition holds for any input sizes of the profiled ranks: no op in it was
-// mapped for the profiled sizes only.
+// mapped for the profiled sizes only (FuseGraph recorded which were).
 bool shape_free(const Node* group) {
-  for (const Node* n : group->g(c10::attr::Subgraph)->nodes()) {
-    if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct) continue;
-    auto spec = map_node(n);
-    if (!spec || spec->shape_specific) return false;
-  }
+  for (const Node* n : group->g(c10::attr::Subgraph)->nodes())
+    if (n->hasAttribute(kShapeSpecific)) return false;
   return true;
 }
 

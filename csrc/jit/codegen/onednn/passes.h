@@ -25,6 +25,9 @@ inline const c10::Symbol kGuardedInputs = c10::Symbol::attr("guarded_inputs");
 inline const c10::Symbol kGroupId = c10::Symbol::attr("group_id");
 // Attribute of an op the fuser left to PyTorch: why (torch_llga.explain() reads it).
 inline const c10::Symbol kUnfusedReason = c10::Symbol::attr("llga_unfused");
+// Attribute of a node the fuser mapped for the profiled sizes only (a reshape to them, say): its
+// group cannot be compiled for other sizes (recorded where the mapping is decided: FuseGraph).
+inline const c10::Symbol kShapeSpecific = c10::Symbol::attr("llga_shape_specific");
 // Attribute of a guard: its group may be compiled for other input sizes of the same ranks.
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 // On a guard: its group's inputs must hold no NaN/Inf (scanned at run time); see kKeepsNaN.
