@@ -22,20 +22,22 @@ $(DEPS): requirements.txt requirements-test.txt | $(PY)
 
 venv: $(DEPS)
 
-# Built in place (ninja, incremental), then registered with pip as an editable install once.
-# One stamp per build mode, and building one removes the other's: the in-place .so is whichever
-# was built last. The sanitized objects live in build/*-sanitize (setup.py), so switching back and
-# forth only relinks.
-torch_llga/.built: $(DEPS) $(SRCS)
+# Registered with pip as an editable install (package metadata and the torch_dynamo_backends entry
+# point that torch.compile(backend="torch_llga") finds), again whenever setup.py changes.
+$(VENV)/.registered: $(DEPS) setup.py
+	MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+# Built in place (ninja, incremental). One stamp per build mode, and building one removes the
+# other's: the in-place .so is whichever was built last. The sanitized objects live in
+# build/*-sanitize (setup.py), so switching back and forth only relinks.
+torch_llga/.built: $(DEPS) $(SRCS) $(VENV)/.registered
 	MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py -q build_ext --inplace
-	$(PY) -m pip show -q torch_llga >/dev/null 2>&1 || $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	rm -f torch_llga/.built-sanitize
 	touch $@
 
-torch_llga/.built-sanitize: $(DEPS) $(SRCS)
+torch_llga/.built-sanitize: $(DEPS) $(SRCS) $(VENV)/.registered
 	TORCH_LLGA_SANITIZE=1 MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py -q build_ext --inplace
-	$(PY) -m pip show -q torch_llga >/dev/null 2>&1 || \
-	  TORCH_LLGA_SANITIZE=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	rm -f torch_llga/.built
 	touch $@
 

@@ -56,6 +56,8 @@ setup(
             extra_link_args=link_args,
         )
     ],
+    # torch.compile(model, backend="torch_llga"): Dynamo finds backends by this entry point.
+    entry_points={"torch_dynamo_backends": ["torch_llga = torch_llga.dynamo:torch_llga_backend"]},
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     options={"build_ext": build_dirs},
     python_requires=">=3.10",

@@ -29,8 +29,8 @@ import torch
 import torch_llga
 from torch_llga.bench_models import MODELS
 
-BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "fx_x86", "torchscript_fp32",
-            "torch_llga_fast"]
+BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
+            "torchscript_fp32", "torch_llga_fast"]
 INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast"}
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 
@@ -49,6 +49,8 @@ class Backend:
 
                 inductor_config.freezing = True
                 self.fn = torch.compile(model)
+            elif name == "torch_llga_compile":  # torch_llga as a torch.compile backend (torch_llga/dynamo.py)
+                self.fn = torch.compile(model, backend="torch_llga", dynamic=False)
             else:
                 self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)

@@ -1,7 +1,10 @@
 """Model sweep: each model traced and frozen with random weights (nothing downloaded), fused by
 torch_llga, and compared with eager.
 
-    python -m torch_llga.check_models [--models resnet18,gpt2] [--size 224]
+    python -m torch_llga.check_models [--models resnet18,gpt2] [--size 224] [--compile]
+
+With --compile each model runs as torch.compile(model, backend="torch_llga") instead (the groups
+column then counts the fused partitions one call executed, over all of Dynamo's graphs).
 
 Prints a table (model, groups, ops fused / total, max abs diff, pass, the op explain() most often
 leaves to PyTorch and why) and exits 1 if a model fails.
@@ -87,10 +90,31 @@ def check(name, size):
     return len(report.groups), n_fused, n_fused + len(report.unfused), diff, scale, ok, reasons[0][0] if reasons else "-"
 
 
+def check_compiled(name, size):
+    model, inputs = make(name, size)
+    model = informative(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="torch_llga", dynamic=False)
+    with torch.no_grad():
+        expected = model(*inputs)
+        compiled(*inputs)  # compilation
+        compiled(*inputs)  # profiling run
+        before = torch_llga.stats()
+        out = compiled(*inputs)
+        after = torch_llga.stats()
+    delta = {k: after[k] - before[k] for k in before}
+    diff = (out - expected).abs().max().item()
+    scale = expected.abs().max().item()
+    ok = (torch.allclose(out, expected, rtol=RTOL, atol=RTOL * scale) and delta["guard_failures"] == 0
+          and delta["kernel_fallbacks"] == 0 and delta["executions"] > 0)
+    return delta["executions"], "-", "-", diff, scale, ok, "-"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(TORCHVISION + TRANSFORMERS))
     parser.add_argument("--size", type=int, default=224, help="image size for the vision models")
+    parser.add_argument("--compile", action="store_true", help='through torch.compile(backend="torch_llga")')
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
 
@@ -99,7 +123,7 @@ def main(argv=None):
     failed = []
     for name in [m for m in args.models.split(",") if m]:
         try:
-            groups, n_fused, total, diff, scale, ok, left = check(name, args.size)
+            groups, n_fused, total, diff, scale, ok, left = (check_compiled if args.compile else check)(name, args.size)
             ok = ok and scale > 0
             print(f"| {name} | {groups} | {n_fused} / {total} | {diff:.1e} | {scale:.1e} | {'yes' if ok else 'NO'} | {left} |",
                   flush=True)
