@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 import torch_llga
 
-from conftest import ConvNet, FP32, check, opaque_outputs
+from conftest import ConvNet, FP32, check, opaque_outputs, SOME
 
 
 def assert_matches_eager(model, fused, x):
@@ -16,7 +16,7 @@ def assert_matches_eager(model, fused, x):
 def test_channels_last_and_non_contiguous_inputs():
     # Same sizes, other strides: the guard passes and the kernel compiles for the actual strides.
     model = ConvNet().eval()
-    fused = check(model, torch.randn(1, 3, 16, 16))
+    fused = check(model, torch.randn(1, 3, 16, 16), groups=SOME)
     x = torch.randn(1, 3, 16, 16)
     before = torch_llga.stats()
     for _ in range(3):
@@ -31,7 +31,7 @@ def test_channels_last_and_non_contiguous_inputs():
 def test_channels_last_traced():
     model = ConvNet().eval()
     x = torch.randn(1, 3, 16, 16).to(memory_format=torch.channels_last)
-    fused = check(model, x)
+    fused = check(model, x, groups=SOME)
     assert len(fused.groups) >= 2
 
 
@@ -163,5 +163,5 @@ def test_six_dim_tensors_stay_in_pytorch(all_partitions):
 def test_one_element_layer_norm_post_op_stays_in_pytorch(all_partitions):
     # oneDNN 3.12 gave 0 or 1 for 0.5 + layer_norm(x) of a one-element x (found by fuzzing).
     fn = lambda a: 0.5 + F.layer_norm(a.relu() - 0.3, (1,), None, None, 1e-5)  # noqa: E731
-    fused = check(fn, torch.randn(1, 1))
+    fused = check(fn, torch.randn(1, 1), groups=SOME)
     assert ["layer_norm"] in fused.groups and "add" in fused.unfused

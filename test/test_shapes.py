@@ -8,7 +8,7 @@ import torch.nn as nn
 
 import torch_llga
 
-from conftest import FP32, ConvNet, check
+from conftest import FP32, ConvNet, check, SOME
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ def calls_match_eager(model, fused, inputs):
 
 def test_new_sizes_are_compiled_and_run_fused():
     model = ConvNet().eval()
-    fused = check(model, torch.randn(1, 3, 16, 16))
+    fused = check(model, torch.randn(1, 3, 16, 16), groups=SOME)
     shapes = [(2, 3, 16, 16), (1, 3, 24, 20), (1, 3, 16, 16), (3, 3, 9, 31)]
     before, after = calls_match_eager(model, fused, [torch.randn(*s) for s in shapes])
     assert delta(before, after, "guard_failures") == 0
@@ -66,7 +66,7 @@ def test_warm_up_partitions_each_block_once():
     brings it new sizes, and only then."""
     model = ConvNet().eval()
     before = torch_llga.stats()
-    fused = check(model, torch.randn(1, 3, 16, 16))
+    fused = check(model, torch.randn(1, 3, 16, 16), groups=SOME)
     assert len(fused.groups) == 3
     assert delta(before, torch_llga.stats(), "partitionings") == 1
     shapes = [(2, 3, 16, 16), (1, 3, 24, 20), (3, 3, 9, 31)]
@@ -78,7 +78,7 @@ def test_warm_up_partitions_each_block_once():
 def test_fallback_policy_runs_new_sizes_unfused():
     torch_llga.set_shape_policy("fallback")
     model = ConvNet().eval()
-    fused = check(model, torch.randn(1, 3, 16, 16))
+    fused = check(model, torch.randn(1, 3, 16, 16), groups=SOME)
     before, after = calls_match_eager(model, fused, [torch.randn(2, 3, 16, 16), torch.randn(1, 3, 24, 20)])
     assert delta(before, after, "guard_failures") > 0
     assert delta(before, after, "compilations") == 0
@@ -113,7 +113,7 @@ def test_fifty_sizes_in_random_order(capacity):
     rng = random.Random(capacity)
     model = Attention().eval()
     x = torch.randn(2, 16, 32)
-    fused = check(model, x, rtol=1e-4, atol=1e-4)
+    fused = check(model, x, rtol=1e-4, atol=1e-4, groups=SOME)
     # The attention core is one oneDNN SDPA partition, recompiled for every new length.
     assert ["matmul", "div", "softmax", "matmul"] in fused.groups, fused.groups
     shapes = [(rng.randint(1, 4), rng.randint(1, 48)) for _ in range(50)]
@@ -141,7 +141,7 @@ def test_fifty_sizes_in_random_order(capacity):
 
 def test_zero_size_and_other_rank_fall_back():
     model = ConvNet().eval()
-    fused = check(model, torch.randn(1, 3, 16, 16))
+    fused = check(model, torch.randn(1, 3, 16, 16), groups=SOME)
     before, after = calls_match_eager(model, fused, [torch.randn(0, 3, 16, 16)])
     assert delta(before, after, "guard_failures") > 0 and delta(before, after, "compilations") == 0
 

@@ -10,14 +10,14 @@ import torch
 import torch.nn as nn
 
 import torch_llga
-from conftest import check
+from conftest import check, SOME
 
 
 def test_eight_threads_500_calls_each():
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
                           nn.Flatten(), nn.Linear(16 * 16 * 16, 10))
     inputs = [torch.randn(2, 3, 16, 16) for _ in range(8)]
-    fused = check(model, inputs[0], rtol=1e-4, atol=1e-4)
+    fused = check(model, inputs[0], rtol=1e-4, atol=1e-4, groups=SOME)
     assert len(fused.groups) >= 2
     expected = [fused(x) for x in inputs]  # single-thread results, one input per thread
     errors, mismatches = [], []
