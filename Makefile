@@ -25,7 +25,7 @@ venv: $(DEPS)
 # Registered with pip as an editable install (package metadata and the torch_dynamo_backends entry
 # point that torch.compile(backend="torch_llga") finds), again whenever setup.py changes.
 $(VENV)/.registered: $(DEPS) setup.py
-	MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	TORCH_LLGA_METADATA_ONLY=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 
 # Built in place (ninja, incremental). One stamp per build mode, and building one removes the

@@ -9,6 +9,7 @@ import os
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -42,12 +43,25 @@ else:
     compile_args, link_args = ["-O2", "-g0"], ["-s"]
     build_dirs = {}
 
+# Tools run from a checkout (python -m torch_llga.bench, .check_models, .demo); the wheel ships
+# the library and its CLI only.
+TOOLS = {"bench", "bench_models", "check_models", "demo"}
+
+
+class BuildPyWithoutTools(build_py):
+    def find_package_modules(self, package, package_dir):
+        modules = super().find_package_modules(package, package_dir)
+        return [m for m in modules if not (package == "torch_llga" and m[1] in TOOLS)]
+
+
 setup(
     name="torch_llga",
     version="0.1.0",
     description="A oneDNN Graph (LLGA) fuser for TorchScript on CPU",
     packages=find_packages(include=["torch_llga", "torch_llga.*"]),
-    ext_modules=[
+    # TORCH_LLGA_METADATA_ONLY=1: the Makefile's editable registration, which needs no build of its
+    # own (the extension is built in place by `setup.py build_ext --inplace`).
+    ext_modules=[] if os.environ.get("TORCH_LLGA_METADATA_ONLY") == "1" else [
         CppExtension(
             name="torch_llga._C",
             sources=sources(),
@@ -58,7 +72,7 @@ setup(
     ],
     # torch.compile(model, backend="torch_llga"): Dynamo finds backends by this entry point.
     entry_points={"torch_dynamo_backends": ["torch_llga = torch_llga.dynamo:torch_llga_backend"]},
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "build_py": BuildPyWithoutTools},
     options={"build_ext": build_dirs},
     python_requires=">=3.10",
 )
