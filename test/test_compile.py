@@ -119,3 +119,25 @@ def test_grad_mode_with_trainable_weights_runs_eager():
     with pytest.warns(UserWarning, match="inference only"):
         out = compiled(x)
     assert out.requires_grad
+
+
+BF16 = dict(rtol=3e-2, atol=3e-2)  # as test_bf16.py: bf16 rounds at other points than eager
+
+
+def test_bf16_model_and_autocast():
+    x = torch.randn(1, 3, 16, 16)
+    model = ConvNet().eval()
+    expected_groups = [["_convolution", "relu"], ["_convolution", "add", "relu"], ["linear"]]
+    out, delta = run_three_times(torch.compile(model.bfloat16(), backend="torch_llga"), x.bfloat16())
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x.bfloat16()), **BF16)
+    assert groups_of(torch.jit.last_executed_optimized_graph()) == expected_groups and delta["executions"] == 3
+
+    torch._dynamo.reset()
+    model = ConvNet().eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, delta = run_three_times(torch.compile(model, backend="torch_llga"), x)
+        with torch.no_grad():
+            expected = model(x)
+    assert out.dtype == torch.bfloat16 and delta["executions"] == 3
+    torch.testing.assert_close(out, expected, **BF16)
