@@ -44,12 +44,16 @@ def _constants_baked_in(gm, example_inputs, params):
 
 
 class _Compiled:
-    """One FX graph as a frozen TorchScript module under the fuser. The parameters baked in are
-    checked on every call (same tensors, not written since): a changed weight compiles again."""
+    """One FX graph as a frozen TorchScript module under the fuser. The parameters and buffers baked
+    in are checked on every call (same tensors, not written since): a changed one compiles again."""
 
     def __init__(self, gm, example_inputs):
         self.gm = gm
-        self.params = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)]
+        # The module's state among the inputs: its parameters, and its buffers, which Dynamo names
+        # "..._buffers_..." (batch norm statistics, an FX-quantized model's scales and zero points).
+        names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        self.params = [i for i, x in enumerate(example_inputs)
+                       if isinstance(x, torch.nn.Parameter) or (isinstance(x, torch.Tensor) and "_buffers_" in names[i])]
         self._build(example_inputs)
 
     def _build(self, args):
