@@ -54,12 +54,14 @@ class _Compiled:
         names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         self.params = [i for i, x in enumerate(example_inputs)
                        if isinstance(x, torch.nn.Parameter) or (isinstance(x, torch.Tensor) and "_buffers_" in names[i])]
+        baked = set(self.params)
+        self.inputs_at = [i for i in range(len(example_inputs)) if i not in baked]  # what the script takes
         self._build(example_inputs)
 
     def _build(self, args):
         self.baked = [(args[i], args[i]._version) for i in self.params]
         module = _constants_baked_in(self.gm, args, self.params) if self.params else self.gm
-        inputs = tuple(a for i, a in enumerate(args) if i not in self.params)
+        inputs = tuple(args[i] for i in self.inputs_at)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notes
             self.script = torch.jit.freeze(torch.jit.trace(module.eval(), inputs, check_trace=False, strict=False))
@@ -71,7 +73,7 @@ class _Compiled:
             return self.gm(*args)
         if any(args[i] is not t or t._version != v for i, (t, v) in zip(self.params, self.baked)):
             self._build(args)  # a weight was replaced or written in place
-        inputs = [a for i, a in enumerate(args) if i not in self.params] if self.params else args
+        inputs = [args[i] for i in self.inputs_at] if self.params else args
         # The fuser switch is read when the executor optimizes (the second call, or a guard's
         # fallback later): on for this call. Set directly: a context manager costs microseconds.
         was_enabled = _C._is_enabled()

@@ -95,7 +95,6 @@ class FusionKernel {
   };
   // Per output port of the partition.
   struct OutPort {
-    size_t output = 0;    // the group output it is
     bool opaque = false;  // read by groups only: may stay in oneDNN's layout
     c10::ScalarType dtype = c10::ScalarType::Float;
     std::vector<int64_t> sizes, strides;  // as profiled; strides eager's when dense, else contiguous

@@ -212,7 +212,6 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
     int64_t j = gp.output[p];
     if (j < 0) return false;  // an output no group output is
     OutPort port;
-    port.output = static_cast<size_t>(j);
     auto t = subgraph_->outputs()[j]->type()->expect<TensorType>();
     port.dtype = *t->scalarType();
     port.sizes = *t->sizes().concrete_sizes();

@@ -82,8 +82,9 @@ bool fold_requantized_clamps(torch::jit::Block* block) {
     for (auto* b : q2->blocks()) folded_any |= fold_requantized_clamps(b);
     auto p2 = quantize_params(q2);
     Node* clamp = p2 ? q2->input(0)->node() : nullptr;
-    if (!clamp || !(clamp->kind() == c10::aten::hardtanh || clamp->kind() == c10::aten::relu ||
-                    clamp->kind() == c10::aten::clamp) || clamp->output()->uses().size() != 1 || !is_dequantize(clamp->input(0)))
+    const OpEntry* e = clamp ? find_entry(clamp) : nullptr;  // the table's Clamp and ReLU: hardtanh, relu6, clamp, relu
+    if (!e || (e->kind != op::kind::Clamp && e->kind != op::kind::ReLU) || clamp->output()->uses().size() != 1 ||
+        !is_dequantize(clamp->input(0)))
       continue;
     Node* q1 = clamp->input(0)->node()->input(0)->node();
     auto p1 = quantize_params(q1);
