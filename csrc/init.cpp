@@ -14,6 +14,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
   m.def("_set_fuse_all_partitions", &llga::runtime::set_fuse_all_partitions);
+  m.def("_set_small_plans", &llga::runtime::set_small_plans_enabled);
+  m.def("_small_plans", &llga::runtime::small_plans_enabled);
   m.def("_set_shape_policy", [](bool compile) {
     llga::runtime::set_shape_policy(compile ? llga::runtime::ShapePolicy::kCompile : llga::runtime::ShapePolicy::kFallback);
   });
@@ -35,6 +37,7 @@ PYBIND11_MODULE(_C, m) {
     d["nonfinite_fallbacks"] = s.nonfinite_fallbacks.load();
     d["inplace_outputs"] = s.inplace_outputs.load();
     d["evictions"] = s.evictions.load();
+    d["plan_runs"] = s.plan_runs.load();
     d["cached_partitions"] = s.cached_partitions.load();
     return d;
   });
@@ -45,6 +48,7 @@ PYBIND11_MODULE(_C, m) {
                             {"_jit_pass_prepare_binary", llga::PrepareBinary},
                             {"_jit_pass_prepare_quantization", llga::PrepareQuantization},
                             {"_jit_pass_defer_size_check", llga::DeferSizeCheck},
+                            {"_jit_pass_plan_small_graph", llga::PlanSmallGraph},
                             {"_jit_pass_fuse_graph", llga::FuseGraph},
                             {"_jit_pass_propagate_layout", llga::PropagateLayout},
                             {"_jit_pass_insert_guards", llga::InsertGuards}})

@@ -15,6 +15,16 @@ warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
 FP32 = dict(rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(autouse=True)
+def small_plans_only_where_marked(request):
+    """Most tests check oneDNN's partitions on graphs of tiny tensors, which the small-graph plan
+    would take whole: it is off in tests not marked small_plan (test_small_plan.py)."""
+    before = torch_llga._C._small_plans()
+    torch_llga._C._set_small_plans(request.node.get_closest_marker("small_plan") is not None)
+    yield
+    torch_llga._C._set_small_plans(before)
+
+
 class Fused:
     """A model traced (and frozen, if it is a module) with torch_llga on, run past profiling."""
 

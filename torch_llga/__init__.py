@@ -135,7 +135,8 @@ def stats():
     inplace_outputs: outputs computed in the memory of an input nothing else held (a conv or linear
     with a residual add accumulates into the added tensor instead of copying it first);
     evictions: compiled partitions dropped from a full cache; cached_partitions: compiled partitions
-    alive now (they go with their module)."""
+    alive now (they go with their module);
+    plan_runs: calls of small-graph plans (a whole graph of tiny tensors run as one native step)."""
     return dict(_C._stats())
 
 
@@ -145,7 +146,9 @@ def onednn_version():
 
 
 def config():
-    """What torch_llga runs on: torch's version, the oneDNN inside it (version and library) and
-    whether oneDNN's constant weight cache is on."""
+    """What torch_llga runs on: torch's version, the oneDNN inside it (version and library),
+    whether oneDNN's constant weight cache is on, and whether graphs of tiny tensors run as
+    small-graph plans (TORCH_LLGA_SMALL_PLANS=0 turns that off)."""
     return {"torch": torch.__version__, "onednn": onednn_version(), "onednn_library": _C._onednn_library(),
-            "constant_cache": _C._constant_cache_enabled(), "threads": torch.get_num_threads()}
+            "constant_cache": _C._constant_cache_enabled(), "small_plans": _C._small_plans(),
+            "threads": torch.get_num_threads()}

@@ -12,6 +12,13 @@ def fusion_groups(graph):
     return groups
 
 
+def small_plans(graph):
+    """The aten op kinds inside each llga::SmallPlan (a whole graph of tiny tensors run as one step)."""
+    return [[n.kind().replace("aten::", "") for n in node.g("Subgraph").nodes()
+             if n.kind() not in ("prim::Constant", "prim::ListConstruct")]
+            for node in graph.findAllNodes("llga::SmallPlan", True)]
+
+
 def unfused_ops(graph):
     """aten ops the top-level graph runs in PyTorch."""
     return [n.kind().replace("aten::", "") for n in graph.nodes() if n.kind().startswith("aten::")]
@@ -45,6 +52,7 @@ class Explanation:
     def __init__(self, graph, guard_fallbacks, nonfinite_fallbacks):
         self.groups = []      # [{"ops": [...], "inputs": ["float32[1, 3, 224, 224]", ...]}]
         self.unfused = []     # [(op, reason)]
+        self.plans = small_plans(graph)  # [[op, ...]]: graphs run whole as one small-graph plan
         for node in graph.findAllNodes("llga::FusionGroup", True):
             sub = node.g("Subgraph")
             ops = [n.kind().replace("aten::", "") for n in sub.nodes()
@@ -53,16 +61,16 @@ class Explanation:
         self._collect_unfused(graph.block())
         self.guard_fallbacks = guard_fallbacks
         self.nonfinite_fallbacks = nonfinite_fallbacks
-        fused = sum(len(g["ops"]) for g in self.groups)
+        fused = sum(len(g["ops"]) for g in self.groups) + sum(map(len, self.plans))
         counted = fused + len(self.unfused)
         self.fused_share = fused / counted if counted else 0.0
 
     def _collect_unfused(self, block):
         for n in block.nodes():
-            if n.kind() in ("llga::FusionGroup", "llga::Guard"):
+            if n.kind() in ("llga::FusionGroup", "llga::SmallPlan", "llga::Guard"):
                 continue
-            if n.kind() == "prim::If" and any(b.findNode("llga::FusionGroup") for b in n.blocks()):
-                continue  # a guard's branch: the group and its fallback
+            if n.kind() == "prim::If" and any(b.findNode("llga::FusionGroup") or b.findNode("llga::SmallPlan") for b in n.blocks()):
+                continue  # a guard's branch: the group (or plan) and its fallback
             for b in n.blocks():
                 self._collect_unfused(b)
             # Tensor ops only: size(), Int() and the like are bookkeeping, not computation.
@@ -71,9 +79,13 @@ class Explanation:
                 self.unfused.append((n.kind().replace("aten::", ""), reason))
 
     def __str__(self):
-        fused = sum(len(g["ops"]) for g in self.groups)
+        fused = sum(len(g["ops"]) for g in self.groups) + sum(map(len, self.plans))
         lines = [f"{len(self.groups)} partitions, {fused} ops fused, {len(self.unfused)} left to PyTorch; "
                  f"{self.fused_share:.0%} of the ops run fused"]
+        for ops in self.plans:
+            counts = collections.Counter(ops)
+            summary = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.items())
+            lines.append(f"  small-graph plan: {len(ops)} ops run as one native step [{summary}]")
         for i, g in enumerate(self.groups):
             counts = collections.Counter(g["ops"])
             summary = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.items())

@@ -32,8 +32,9 @@ bool plain_memory(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t._is_zerotensor() && !t.is_neg() && !t.is_conj();
 }
 
-bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes) {
+bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes, bool plain) {
   if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
+  if (plain && is_llga_tensor(t)) return false;
   if (!is_llga_tensor(t) && !plain_memory(t)) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
   if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
@@ -98,15 +99,16 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
   for (const auto& type : node->tys(c10::attr::types)) expected.push_back(type->expect<TensorType>());
   bool shape_free = node->hasAttribute(kShapeFree) && node->i(kShapeFree);
   bool finite_inputs = !node->hasAttribute(kFiniteInputs) || node->i(kFiniteInputs);
+  bool plain = node->hasAttribute(kPlainInputs) && node->i(kPlainInputs);
   // Per checked input: -1 = scan it here, k = its finiteness is extra input k (an llga::AllFinite).
   auto given = node->hasAttribute(kFiniteGiven) ? node->is(kFiniteGiven) : std::vector<int64_t>(expected.size(), -1);
   size_t extra = node->inputs().size() - expected.size();
-  return [expected, shape_free, finite_inputs, given, extra](Stack& stack) {
+  return [expected, shape_free, finite_inputs, plain, given, extra](Stack& stack) {
     size_t n = expected.size();
     auto inputs = torch::jit::last(stack, n + extra);
     bool any_sizes = shape_free && runtime::shape_policy() == runtime::ShapePolicy::kCompile;
     bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes);
+    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes, plain);
     if (ok && finite_inputs) {
       for (size_t i = 0; i < n && ok; ++i) ok = given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool();
       if (!ok) runtime::stats().nonfinite_fallbacks.fetch_add(1, std::memory_order_relaxed);

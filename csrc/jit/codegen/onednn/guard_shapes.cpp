@@ -29,6 +29,7 @@
 
 #include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/small_plan.h"
 
 namespace llga {
 
@@ -68,8 +69,10 @@ Node* insert_guard(Node* group) {
 
   Node* guard = g->create(kGuard, checked, checked.size() + 1)->insertBefore(group);
   guard->tys_(c10::attr::types, types);
-  guard->i_(kShapeFree, shape_free(group));
-  guard->i_(kFiniteInputs, needs_finite_inputs(group));
+  bool plan = group->kind() == kSmallPlan;  // exact sizes, dense memory; its loops keep NaN as eager does
+  guard->i_(kShapeFree, !plan && shape_free(group));
+  guard->i_(kFiniteInputs, !plan && needs_finite_inputs(group));
+  if (plan) guard->i_(kPlainInputs, 1);
   std::unordered_map<Value*, Value*> checked_value;
   for (size_t i = 0; i < checked.size(); ++i) {
     guard->output(i)->setType(checked[i]->type());
@@ -139,7 +142,7 @@ void share_finite_scans(const std::vector<Node*>& guards, const std::unordered_s
 void collect_groups(Block* block, std::vector<Node*>& groups) {
   for (Node* n : block->nodes()) {
     for (auto* b : n->blocks()) collect_groups(b, groups);
-    if (n->kind() == kFusionGroup) groups.push_back(n);
+    if (n->kind() == kFusionGroup || n->kind() == kSmallPlan) groups.push_back(n);
   }
 }
 

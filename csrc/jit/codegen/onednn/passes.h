@@ -35,6 +35,8 @@ inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
 // On a guard: per checked input, -1 (scan it) or k: its finiteness is the guard's k-th extra (bool)
 // input, an llga::AllFinite shared by the guards of every group that reads the same value.
 inline const c10::Symbol kFiniteGiven = c10::Symbol::attr("finite_given");
+// On a guard: its inputs must be plain strided tensors, no LLGA ones (a small-graph plan reads them).
+inline const c10::Symbol kPlainInputs = c10::Symbol::attr("plain_inputs");
 inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFinite");
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
@@ -42,6 +44,7 @@ void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm, MH
 void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1
 void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use
 void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops
+void PlanSmallGraph(std::shared_ptr<Graph>& g);    // a graph of tiny tensors -> one llga::SmallPlan
 void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque
 void InsertGuards(std::shared_ptr<Graph>& g);      // profiled-type checks with unfused fallback

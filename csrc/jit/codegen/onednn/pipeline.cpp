@@ -22,6 +22,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   PrepareBinary(g);
   PrepareQuantization(g);
   DeferSizeCheck(g);
+  PlanSmallGraph(g);
   FuseGraph(g);
   PropagateLayout(g);
   InsertGuards(g);

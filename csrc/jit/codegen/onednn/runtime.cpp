@@ -25,6 +25,7 @@ std::atomic<bool> g_enabled{enabled_by_environment()};
 std::atomic<bool> g_fuse_all_partitions{false};
 std::atomic<ShapePolicy> g_shape_policy{ShapePolicy::kCompile};
 std::atomic<int64_t> g_cache_capacity{16};
+std::atomic<bool> g_small_plans{!std::getenv("TORCH_LLGA_SMALL_PLANS") || std::strcmp(std::getenv("TORCH_LLGA_SMALL_PLANS"), "0") != 0};
 
 // The constant weight cache: oneDNN keeps the reordered copy of each constant (frozen weight)
 // input so weights are reordered once, not per call. On by default; DNNL_GRAPH_CONSTANT_CACHE=0
@@ -90,6 +91,8 @@ bool fuse_all_partitions() { return g_fuse_all_partitions.load(std::memory_order
 void set_fuse_all_partitions(bool on) { g_fuse_all_partitions.store(on, std::memory_order_relaxed); }
 ShapePolicy shape_policy() { return g_shape_policy.load(std::memory_order_relaxed); }
 void set_shape_policy(ShapePolicy p) { g_shape_policy.store(p, std::memory_order_relaxed); }
+bool small_plans_enabled() { return g_small_plans.load(std::memory_order_relaxed); }
+void set_small_plans_enabled(bool on) { g_small_plans.store(on, std::memory_order_relaxed); }
 int64_t cache_capacity() { return g_cache_capacity.load(std::memory_order_relaxed); }
 void set_cache_capacity(int64_t n) { g_cache_capacity.store(n, std::memory_order_relaxed); }
 

@@ -31,6 +31,11 @@ enum class ShapePolicy { kCompile, kFallback };
 ShapePolicy shape_policy();
 void set_shape_policy(ShapePolicy p);
 
+// Whether whole graphs of tiny tensors run as one small-graph plan (small_plan.h); on by default,
+// TORCH_LLGA_SMALL_PLANS=0 turns it off.
+bool small_plans_enabled();
+void set_small_plans_enabled(bool on);
+
 // Compiled partitions each group keeps (one per input layout/shape), least recently used evicted first.
 int64_t cache_capacity();
 void set_cache_capacity(int64_t n);
@@ -45,6 +50,7 @@ struct Stats {
   std::atomic<int64_t> nonfinite_fallbacks{0};  // guard failures because an input held NaN or Inf
   std::atomic<int64_t> inplace_outputs{0};    // outputs computed in an input's memory (a residual add's)
   std::atomic<int64_t> evictions{0};          // compiled partitions dropped by a full cache
+  std::atomic<int64_t> plan_runs{0};          // calls of small-graph plans (llga::SmallPlan)
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
 };
 Stats& stats();

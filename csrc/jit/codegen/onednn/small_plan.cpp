@@ -1,0 +1,862 @@
+// The small-graph plan's compiler and its operator, llga::SmallPlan (see small_plan.h; the pass
+// that forms it is plan_small_graph.cpp, the guard in front of it guard_shapes.cpp).
+//
+// Compile time (once per node): each value of the subgraph gets a Layout (a buffer, an offset,
+// sizes and strides). Views (transpose, flatten, ...) are layouts over their source, not steps;
+// computed values live in one scratch area (graph outputs in their own tensors); every op becomes
+// one Step: an elementwise loop nest (broadcasts and cat's slices are strides), or a matmul.
+// Run time: one pointer per buffer, then the steps in order. Nothing is shared between calls but
+// the immutable program, so threads may run one plan at once.
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
+#include <torch/csrc/jit/runtime/operator.h>
+
+#include <array>
+#include <cmath>
+#include <functional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/small_plan.h"
+
+// The steps' loops are the plan's whole cost: let gcc vectorize them (the library builds at -O2).
+#pragma GCC optimize("O3")
+
+namespace llga {
+
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Stack;
+using torch::jit::TensorType;
+using torch::jit::Value;
+
+namespace {
+
+constexpr int kMaxDims = 6;
+
+enum Space : uint8_t { kInput, kConstant, kScratch, kOutput };
+
+// Where a value's elements are: a buffer (by space and index) and an element offset in it.
+struct Ref {
+  Space space = kScratch;
+  int index = 0;
+  int64_t offset = 0;
+};
+
+struct Layout {
+  Ref ref;
+  std::vector<int64_t> sizes, strides;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t s : sizes) n *= s;
+    return n;
+  }
+};
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t s = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+bool is_contiguous(const Layout& l) {
+  auto expected = contiguous_strides(l.sizes);
+  for (size_t i = 0; i < l.sizes.size(); ++i)
+    if (l.sizes[i] != 1 && l.strides[i] != expected[i]) return false;
+  return true;
+}
+
+enum class Fn { kCopy, kAdd, kSub, kMul, kDiv, kRelu, kSigmoid, kTanh, kExp, kNeg, kClamp, kLeakyRelu };
+
+// An elementwise loop nest over the output's sizes: per operand (0 = the output, 1 and 2 the
+// inputs) a stride per dim, 0 where the operand is broadcast. Dims that every operand walks as one
+// are merged, so a dense op is a single loop.
+struct Nest {
+  int dims = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[3][kMaxDims] = {};
+};
+
+struct Step {
+  enum Kind { kElementwise, kMatMul } kind = kElementwise;
+  Fn fn = Fn::kCopy;
+  Ref out, a, b, bias;
+  bool has_bias = false;
+  float alpha = 1, lo = 0, hi = 0;  // add/sub alpha; clamp bounds; leaky_relu slope (alpha)
+  Nest nest;
+  // MatMul: out[p, i, j] = sum_k a[p, i, k] * b[p, k, j] (+ bias[i, j]), strides per (p, i/k, k/j).
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  int64_t as[3] = {}, bs[3] = {}, os[3] = {}, bias_s[2] = {};
+};
+
+}  // namespace
+
+struct SmallProgram {
+  size_t inputs = 0;
+  std::vector<at::Tensor> constants;
+  int64_t scratch_floats = 0;
+  std::vector<std::vector<int64_t>> output_sizes;  // one per output buffer
+  std::vector<int> outputs;                        // per subgraph output, its output buffer
+  std::vector<Step> steps;
+};
+
+namespace {
+
+// ---- Run time ---------------------------------------------------------------------------------
+
+template <class F>
+[[gnu::always_inline]] inline void unary_inner(float* __restrict o, const float* __restrict a, int64_t n, int64_t so,
+                                               int64_t sa, F f) {
+  if (so == 1 && sa == 1)
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+  else
+    for (int64_t i = 0; i < n; ++i) o[i * so] = f(a[i * sa]);
+}
+
+template <class F>
+[[gnu::always_inline]] inline void binary_inner(float* __restrict o, const float* __restrict a, const float* __restrict b,
+                                                int64_t n, int64_t so, int64_t sa, int64_t sb, F f) {
+  if (so == 1 && sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+  } else if (so == 1 && sa == 1 && sb == 0) {
+    const float y = *b;
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], y);
+  } else if (so == 1 && sa == 0 && sb == 1) {
+    const float x = *a;
+    for (int64_t i = 0; i < n; ++i) o[i] = f(x, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i * so] = f(a[i * sa], b[i * sb]);
+  }
+}
+
+// Calls inner(o, a, b, n, so, sa, sb) once per row of the nest's last dim.
+template <class Inner>
+[[gnu::always_inline]] inline void for_each_row(const Nest& nest, float* o, const float* a, const float* b, Inner inner) {
+  const int last = nest.dims - 1;
+  int64_t rows = 1;
+  for (int d = 0; d < last; ++d) rows *= nest.sizes[d];
+  int64_t index[kMaxDims] = {};
+  for (int64_t r = 0; r < rows; ++r) {
+    inner(o, a, b, nest.sizes[last], nest.strides[0][last], nest.strides[1][last], nest.strides[2][last]);
+    for (int d = last - 1; d >= 0; --d) {
+      o += nest.strides[0][d];
+      a += nest.strides[1][d];
+      b += nest.strides[2][d];
+      if (++index[d] < nest.sizes[d]) break;
+      o -= nest.strides[0][d] * nest.sizes[d];
+      a -= nest.strides[1][d] * nest.sizes[d];
+      b -= nest.strides[2][d] * nest.sizes[d];
+      index[d] = 0;
+    }
+  }
+}
+
+template <class F>
+[[gnu::always_inline]] inline void unary(const Nest& nest, float* o, const float* a, F f) {
+  for_each_row(nest, o, a, a, [&](float* o, const float* a, const float*, int64_t n, int64_t so, int64_t sa, int64_t) {
+    unary_inner(o, a, n, so, sa, f);
+  });
+}
+
+template <class F>
+[[gnu::always_inline]] inline void binary(const Nest& nest, float* o, const float* a, const float* b, F f) {
+  for_each_row(nest, o, a, b, [&](float* o, const float* a, const float* b, int64_t n, int64_t so, int64_t sa, int64_t sb) {
+    binary_inner(o, a, b, n, so, sa, sb, f);
+  });
+}
+
+// NaN stays NaN wherever eager keeps it (relu and clamp compare, and a comparison with NaN is false).
+// Compiled for AVX-512 and AVX2 too, picked at load time (the library's baseline is SSE2: rows of
+// 50 floats are 13 SSE steps and 4 AVX-512 ones).
+[[gnu::target_clones("avx512f", "avx2", "default")]] void elementwise(const Step& s, float* o, const float* a, const float* b) {
+  const float alpha = s.alpha, lo = s.lo, hi = s.hi;
+  switch (s.fn) {
+    case Fn::kCopy: return unary(s.nest, o, a, [](float x) { return x; });
+    case Fn::kAdd:
+      if (alpha == 1) return binary(s.nest, o, a, b, [](float x, float y) { return x + y; });
+      return binary(s.nest, o, a, b, [=](float x, float y) { return x + alpha * y; });
+    case Fn::kSub:
+      if (alpha == 1) return binary(s.nest, o, a, b, [](float x, float y) { return x - y; });
+      return binary(s.nest, o, a, b, [=](float x, float y) { return x - alpha * y; });
+    case Fn::kMul: return binary(s.nest, o, a, b, [](float x, float y) { return x * y; });
+    case Fn::kDiv: return binary(s.nest, o, a, b, [](float x, float y) { return x / y; });
+    case Fn::kRelu: return unary(s.nest, o, a, [](float x) { return x < 0 ? 0.f : x; });
+    case Fn::kSigmoid: return unary(s.nest, o, a, [](float x) { return 1.f / (1.f + std::exp(-x)); });
+    case Fn::kTanh: return unary(s.nest, o, a, [](float x) { return std::tanh(x); });
+    case Fn::kExp: return unary(s.nest, o, a, [](float x) { return std::exp(x); });
+    case Fn::kNeg: return unary(s.nest, o, a, [](float x) { return -x; });
+    case Fn::kClamp:  // min(max(x, lo), hi), as eager (hi wins when lo > hi)
+      return unary(s.nest, o, a, [=](float x) {
+        float y = x < lo ? lo : x;
+        return y > hi ? hi : y;
+      });
+    case Fn::kLeakyRelu: return unary(s.nest, o, a, [=](float x) { return x < 0 ? x * alpha : x; });
+  }
+}
+
+// Dot product of n pairs with unit strides: 8 partial sums (one vector), added as a tree (a chain
+// of 16 dependent adds cost more than the products at DeepAndWide's k = 32).
+[[gnu::always_inline]] inline float dot_dense(const float* __restrict a, const float* __restrict b, int64_t n) {
+  constexpr int kLanes = 8;
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
+  float tail = 0;  // not lanes[i % kLanes]: a variable index would keep the lanes in memory
+  for (; i < n; ++i) tail += a[i] * b[i];
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0] + tail;
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void matmul(const Step& s, float* o, const float* a, const float* b, const float* bias) {
+  for (int64_t p = 0; p < s.batch; ++p) {
+    const float* ap = a + p * s.as[0];
+    const float* bp = b + p * s.bs[0];
+    float* op = o + p * s.os[0];
+    if (s.bs[1] != 1 && s.bs[2] == 1) {  // b's rows are dense: o[i, :] += a[i, k] * b[k, :]
+      for (int64_t i = 0; i < s.m; ++i) {
+        float* __restrict row = op + i * s.os[1];
+        for (int64_t j = 0; j < s.n; ++j) row[j] = 0;
+        for (int64_t k = 0; k < s.k; ++k) {
+          const float x = ap[i * s.as[1] + k * s.as[2]];
+          const float* __restrict brow = bp + k * s.bs[1];
+          for (int64_t j = 0; j < s.n; ++j) row[j] += x * brow[j];
+        }
+      }
+    } else {
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < s.n; ++j) {
+          const float* ai = ap + i * s.as[1];
+          const float* bj = bp + j * s.bs[2];
+          float acc;
+          if (s.as[2] == 1 && s.bs[1] == 1) {
+            acc = dot_dense(ai, bj, s.k);
+          } else {
+            acc = 0;
+            for (int64_t k = 0; k < s.k; ++k) acc += ai[k * s.as[2]] * bj[k * s.bs[1]];
+          }
+          op[i * s.os[1] + j * s.os[2]] = acc;
+        }
+    }
+    if (s.has_bias)
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < s.n; ++j) op[i * s.os[1] + j * s.os[2]] += bias[i * s.bias_s[0] + j * s.bias_s[1]];
+  }
+}
+
+void run_plan(const SmallProgram& p, Stack& stack) {
+  const size_t n_out = p.output_sizes.size();
+  // The scratch area of this thread (a plan runs to its end before its thread runs another).
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < p.scratch_floats) scratch.resize(p.scratch_floats);
+  std::vector<float*> inputs(p.inputs), constants(p.constants.size()), outputs(n_out);
+  auto args = torch::jit::last(stack, p.inputs);
+  // The layouts assume dense inputs: others (a transposed or sliced view) are copied so first,
+  // once per call, which for tensors this small costs less than a fallback to the interpreter.
+  std::vector<at::Tensor> dense(p.inputs);
+  for (size_t i = 0; i < p.inputs; ++i) {
+    dense[i] = args[i].toTensor().contiguous();
+    inputs[i] = const_cast<float*>(dense[i].const_data_ptr<float>());
+  }
+  for (size_t i = 0; i < p.constants.size(); ++i) constants[i] = const_cast<float*>(p.constants[i].const_data_ptr<float>());
+  std::vector<at::Tensor> results;
+  results.reserve(n_out);
+  for (size_t i = 0; i < n_out; ++i) {
+    results.push_back(at::empty(p.output_sizes[i], at::TensorOptions().dtype(at::kFloat)));
+    outputs[i] = results.back().data_ptr<float>();
+  }
+  auto ptr = [&](const Ref& r) -> float* {
+    switch (r.space) {
+      case kInput: return inputs[r.index] + r.offset;
+      case kConstant: return constants[r.index] + r.offset;
+      case kScratch: return scratch.data() + r.offset;
+      case kOutput: return outputs[r.index] + r.offset;
+    }
+    return nullptr;
+  };
+  for (const Step& s : p.steps) {
+    if (s.kind == Step::kMatMul)
+      matmul(s, ptr(s.out), ptr(s.a), ptr(s.b), s.has_bias ? ptr(s.bias) : nullptr);
+    else
+      elementwise(s, ptr(s.out), ptr(s.a), ptr(s.b));
+  }
+  torch::jit::drop(stack, p.inputs);
+  for (int o : p.outputs) stack.emplace_back(results[o]);
+  runtime::stats().plan_runs.fetch_add(1, std::memory_order_relaxed);
+}
+
+// ---- Compile time -----------------------------------------------------------------------------
+
+class Compiler {
+ public:
+  Compiler(const Graph& g, SmallProgram& p) : g_(g), p_(p) {}
+
+  bool compile() {
+    for (const Value* v : g_.inputs()) {
+      auto sizes = profiled_sizes(v);
+      if (!sizes) return fail("input " + v->debugName() + " is not a float tensor of known sizes");
+      Layout l{{kInput, static_cast<int>(p_.inputs++), 0}, *sizes, contiguous_strides(*sizes)};  // made dense by run_plan
+      layouts_[v] = l;
+    }
+    for (const Value* v : g_.outputs()) wanted_.insert(v);
+    for (const Node* n : g_.nodes()) {
+      if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct) continue;
+      auto rule = rules().find(n->kind());
+      const torch::jit::Operator* op = n->maybeOperator() ? &n->getOperator() : nullptr;
+      bool done = false;
+      if (rule != rules().end() && op)
+        for (const auto& [schema, handle] : rule->second)
+          if (schema->schema() == op->schema()) {
+            if (!handle(*this, n)) return false;
+            done = true;
+            break;
+          }
+      if (!done) return fail(std::string(n->kind().toQualString()) + " has no step in the small-graph plan");
+      for (const Value* v : n->outputs()) {
+        auto sizes = profiled_sizes(v);
+        if (!sizes || !layouts_.count(v) || layouts_.at(v).sizes != *sizes)
+          return fail(std::string(n->kind().toQualString()) + "'s output differs from its profile");
+      }
+    }
+    if (macs_ > kSmallPlanMaxMacs) return fail("more than " + std::to_string(kSmallPlanMaxMacs) + " multiply-adds");
+    std::unordered_map<const Value*, int> output_of;
+    for (const Value* v : g_.outputs()) {
+      if (!layouts_.count(v)) return fail("an output is no tensor the plan computes");
+      auto done = output_of.find(v);
+      if (done != output_of.end()) {
+        p_.outputs.push_back(done->second);
+        continue;
+      }
+      Layout l = layouts_.at(v);
+      if (l.ref.space != kOutput || owner_.at(l.ref.index) != v) {  // a view, an input or a constant: copied out
+        Layout copy = new_output(l.sizes, v);
+        elementwise_step(Fn::kCopy, copy, {&l});
+        l = copy;
+      }
+      output_of[v] = l.ref.index;
+      p_.outputs.push_back(l.ref.index);
+    }
+    p_.scratch_floats = scratch_;
+    return true;
+  }
+
+  const std::string& why() const { return why_; }
+
+  static bool has_step(const Node* n) {
+    if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct) return true;
+    auto rule = rules().find(n->kind());
+    if (rule == rules().end() || !n->maybeOperator()) return false;
+    for (const auto& entry : rule->second)
+      if (entry.first->schema() == n->getOperator().schema()) return true;
+    return false;
+  }
+
+ private:
+  using Handler = std::function<bool(Compiler&, const Node*)>;
+  using Rules = std::unordered_map<c10::Symbol, std::vector<std::pair<std::shared_ptr<torch::jit::Operator>, Handler>>>;
+
+  bool fail(std::string reason) {
+    why_ = std::move(reason);
+    return false;
+  }
+
+  static std::optional<std::vector<int64_t>> profiled_sizes(const Value* v) {
+    auto t = v->type()->cast<TensorType>();
+    if (!t || t->scalarType() != at::kFloat || !t->device() || !t->device()->is_cpu()) return std::nullopt;
+    auto sizes = t->sizes().concrete_sizes();
+    if (!sizes || sizes->size() > static_cast<size_t>(kMaxDims)) return std::nullopt;
+    return sizes;
+  }
+
+  // A tensor operand: its layout (a constant tensor is held by the program).
+  const Layout* operand(const Value* v) {
+    if (auto it = layouts_.find(v); it != layouts_.end()) return &it->second;
+    auto c = torch::jit::toIValue(v);
+    if (!c) return nullptr;
+    at::Tensor t;
+    if (c->isTensor()) {
+      t = c->toTensor();
+      if (t.scalar_type() != at::kFloat || !t.device().is_cpu() || t.layout() != c10::kStrided || t.is_neg() || t.is_conj() ||
+          t.dim() > kMaxDims)
+        return nullptr;
+    } else if (c->isDouble() || c->isInt()) {  // a Scalar operand
+      t = at::scalar_tensor(c->toScalar(), at::kFloat);
+    } else {
+      return nullptr;
+    }
+    p_.constants.push_back(t);
+    Layout l{{kConstant, static_cast<int>(p_.constants.size() - 1), 0}, t.sizes().vec(), t.strides().vec()};
+    return &(layouts_[v] = l);
+  }
+
+  static std::optional<double> number(const Value* v) {
+    auto c = torch::jit::toIValue(v);
+    if (!c || !(c->isDouble() || c->isInt())) return std::nullopt;
+    return c->toScalar().toDouble();
+  }
+
+  static std::optional<int64_t> int_arg(const Value* v) {
+    auto c = torch::jit::toIValue(v);
+    if (!c || !c->isInt()) return std::nullopt;
+    return c->toInt();
+  }
+
+  static std::optional<std::vector<int64_t>> int_list(const Value* v) {
+    auto c = torch::jit::toIValue(v);
+    if (!c || !c->isIntList()) return std::nullopt;
+    return c->toIntVector();
+  }
+
+  Layout new_output(const std::vector<int64_t>& sizes, const Value* v) {
+    p_.output_sizes.push_back(sizes);
+    owner_.push_back(v);
+    return Layout{{kOutput, static_cast<int>(p_.output_sizes.size() - 1), 0}, sizes, contiguous_strides(sizes)};
+  }
+
+  // The layout of a computed value: its own output tensor if the subgraph returns it, else a place
+  // in the scratch area (64-byte aligned).
+  Layout produce(const Value* v, const std::vector<int64_t>& sizes) {
+    Layout l;
+    if (wanted_.count(v)) {
+      l = new_output(sizes, v);
+    } else {
+      l = Layout{{kScratch, 0, scratch_}, sizes, contiguous_strides(sizes)};
+      scratch_ += (l.numel() + 15) / 16 * 16;
+    }
+    return layouts_[v] = l;
+  }
+
+  bool within_limits(const Node* n, const std::vector<int64_t>& sizes) {
+    int64_t numel = 1;
+    for (int64_t s : sizes) numel *= s;
+    if (numel > kSmallPlanMaxElements)
+      return fail(std::string(n->kind().toQualString()) + " computes more than " + std::to_string(kSmallPlanMaxElements) + " elements");
+    return true;
+  }
+
+  static std::optional<std::vector<int64_t>> broadcast(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    std::vector<int64_t> out(std::max(a.size(), b.size()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1, y = i < b.size() ? b[b.size() - 1 - i] : 1;
+      if (x != y && x != 1 && y != 1) return std::nullopt;
+      out[out.size() - 1 - i] = x == 1 ? y : x;
+    }
+    return out;
+  }
+
+  // Adds an elementwise step writing `out` from the operands (each broadcast to out's sizes).
+  void elementwise_step(Fn fn, const Layout& out, std::vector<const Layout*> in, float alpha = 1, float lo = 0, float hi = 0) {
+    Step s;
+    s.fn = fn;
+    s.alpha = alpha, s.lo = lo, s.hi = hi;
+    s.out = out.ref;
+    s.a = in[0]->ref;
+    s.b = in.size() > 1 ? in[1]->ref : in[0]->ref;
+    const size_t rank = out.sizes.size();
+    std::vector<std::array<int64_t, 3>> dims;  // per dim: the three operands' strides
+    std::vector<int64_t> sizes;
+    for (size_t d = 0; d < rank; ++d) {
+      std::array<int64_t, 3> st{out.strides[d], 0, 0};
+      for (size_t k = 0; k < 2; ++k) {
+        const Layout& l = *in[std::min(k, in.size() - 1)];
+        int64_t ld = static_cast<int64_t>(d) - static_cast<int64_t>(rank - l.sizes.size());
+        st[k + 1] = (ld < 0 || l.sizes[ld] == 1) ? 0 : l.strides[ld];
+      }
+      if (out.sizes[d] == 1) continue;  // walks nothing
+      // Merged with the dim before when every operand steps over it as one (outer = inner * size).
+      if (!dims.empty() && dims.back()[0] == st[0] * out.sizes[d] && dims.back()[1] == st[1] * out.sizes[d] &&
+          dims.back()[2] == st[2] * out.sizes[d]) {
+        sizes.back() *= out.sizes[d];
+        dims.back() = st;
+        continue;
+      }
+      sizes.push_back(out.sizes[d]);
+      dims.push_back(st);
+    }
+    if (sizes.empty()) {
+      sizes.push_back(1);
+      dims.push_back({1, 1, 1});
+    }
+    s.nest.dims = static_cast<int>(sizes.size());
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      s.nest.sizes[d] = sizes[d];
+      for (int k = 0; k < 3; ++k) s.nest.strides[k][d] = dims[d][k];
+    }
+    p_.steps.push_back(s);
+  }
+
+  bool unary_op(const Node* n, Fn fn, float alpha = 1, float lo = 0, float hi = 0) {
+    const Layout* x = operand(n->input(0));
+    if (!x) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
+    if (!within_limits(n, x->sizes)) return false;
+    Layout in = *x;  // produce() may move the map's storage
+    elementwise_step(fn, produce(n->output(), in.sizes), {&in}, alpha, lo, hi);
+    return true;
+  }
+
+  bool binary_op(const Node* n, Fn fn, float alpha = 1) {
+    const Layout* x = operand(n->input(0));
+    if (!x) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
+    Layout a = *x;
+    const Layout* y = operand(n->input(1));
+    if (!y) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
+    Layout b = *y;
+    auto sizes = broadcast(a.sizes, b.sizes);
+    if (!sizes) return fail("operands that do not broadcast");
+    if (!within_limits(n, *sizes)) return false;
+    elementwise_step(fn, produce(n->output(), *sizes), {&a, &b}, alpha);
+    return true;
+  }
+
+  bool binary_alpha(const Node* n, Fn fn) {
+    auto alpha = n->inputs().size() > 2 ? number(n->input(2)) : std::optional<double>(1);
+    if (!alpha) return fail("alpha is not a constant");
+    return binary_op(n, fn, static_cast<float>(*alpha));
+  }
+
+  bool clamp(const Node* n) {
+    auto bound = [&](size_t i, float otherwise) -> std::optional<float> {
+      if (i >= n->inputs().size() || n->input(i)->type()->kind() == c10::TypeKind::NoneType) return otherwise;
+      auto v = number(n->input(i));
+      if (!v || std::isnan(*v)) return std::nullopt;
+      return static_cast<float>(*v);
+    };
+    auto lo = bound(1, -INFINITY), hi = bound(2, INFINITY);
+    if (!lo || !hi) return fail("clamp bounds that are not constant numbers");
+    return unary_op(n, Fn::kClamp, 1, *lo, *hi);
+  }
+
+  // A view: a new layout over the source's memory.
+  bool view(const Node* n, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+    Layout src = layouts_.at(n->input(0));
+    layouts_[n->output()] = Layout{src.ref, std::move(sizes), std::move(strides)};
+    return true;
+  }
+
+  // A layout for the source's values as a dense tensor: the source's own if it is dense, else a
+  // copy in the scratch area.
+  std::optional<Layout> dense(const Node* n) {
+    const Layout* x = operand(n->input(0));
+    if (!x) return std::nullopt;
+    if (is_contiguous(*x)) return *x;
+    Layout src = *x;
+    Layout copy{{kScratch, 0, scratch_}, src.sizes, contiguous_strides(src.sizes)};
+    scratch_ += (copy.numel() + 15) / 16 * 16;
+    elementwise_step(Fn::kCopy, copy, {&src});
+    return copy;
+  }
+
+  // reshape, view, flatten: the output's profiled sizes over dense memory (the guard fixed the input
+  // sizes, so any size list, constant or computed, gives them).
+  bool reshape(const Node* n) {
+    auto sizes = profiled_sizes(n->output());
+    auto src = dense(n);
+    if (!sizes || !src) return fail("a reshape of unknown sizes");
+    int64_t numel = 1;
+    for (int64_t s : *sizes) numel *= s;
+    if (numel != src->numel()) return fail("a reshape that changes the number of elements");
+    layouts_[n->output()] = Layout{src->ref, *sizes, contiguous_strides(*sizes)};
+    return true;
+  }
+
+  bool permute(const Node* n, const std::vector<int64_t>& order) {
+    const Layout* x = operand(n->input(0));
+    if (!x || order.size() != x->sizes.size()) return fail("a permutation of another rank");
+    std::vector<int64_t> sizes, strides;
+    std::vector<bool> seen(order.size());
+    for (int64_t d : order) {
+      int64_t r = static_cast<int64_t>(order.size());
+      if (d < -r || d >= r || seen[(d + r) % r]) return fail("a permutation that is none");
+      seen[(d + r) % r] = true;
+      sizes.push_back(x->sizes[(d + r) % r]);
+      strides.push_back(x->strides[(d + r) % r]);
+    }
+    return view(n, sizes, strides);
+  }
+
+  bool transpose(const Node* n) {
+    const Layout* x = operand(n->input(0));
+    auto d0 = int_arg(n->input(1)), d1 = int_arg(n->input(2));
+    if (!x || !d0 || !d1) return fail("transpose of unknown dims");
+    int64_t r = static_cast<int64_t>(x->sizes.size());
+    if (*d0 < -r || *d0 >= r || *d1 < -r || *d1 >= r) return fail("transpose dims out of range");
+    std::vector<int64_t> order(r);
+    for (int64_t i = 0; i < r; ++i) order[i] = i;
+    std::swap(order[(*d0 + r) % r], order[(*d1 + r) % r]);
+    return permute(n, order);
+  }
+
+  bool t(const Node* n) {
+    const Layout* x = operand(n->input(0));
+    if (!x || x->sizes.size() > 2) return fail("t() of more than 2 dims");
+    if (x->sizes.size() < 2) return view(n, x->sizes, x->strides);
+    return permute(n, {1, 0});
+  }
+
+  bool unsqueeze(const Node* n) {
+    const Layout* x = operand(n->input(0));
+    auto d = int_arg(n->input(1));
+    if (!x || !d) return fail("unsqueeze of an unknown dim");
+    int64_t r = static_cast<int64_t>(x->sizes.size()) + 1;
+    if (*d < -r || *d >= r) return fail("unsqueeze dim out of range");
+    int64_t at = (*d + r) % r;
+    std::vector<int64_t> sizes = x->sizes, strides = x->strides;
+    int64_t stride = at < r - 1 ? sizes[at] * strides[at] : 1;
+    sizes.insert(sizes.begin() + at, 1);
+    strides.insert(strides.begin() + at, stride);
+    return view(n, sizes, strides);
+  }
+
+  bool squeeze(const Node* n) {
+    const Layout* x = operand(n->input(0));
+    auto d = int_arg(n->input(1));
+    if (!x || !d) return fail("squeeze of an unknown dim");
+    int64_t r = static_cast<int64_t>(x->sizes.size());
+    if (r == 0) return view(n, x->sizes, x->strides);
+    if (*d < -r || *d >= r) return fail("squeeze dim out of range");
+    int64_t at = (*d + r) % r;
+    std::vector<int64_t> sizes = x->sizes, strides = x->strides;
+    if (sizes[at] == 1) {
+      sizes.erase(sizes.begin() + at);
+      strides.erase(strides.begin() + at);
+    }
+    return view(n, sizes, strides);
+  }
+
+  bool identity(const Node* n) {
+    const Layout* x = operand(n->input(0));
+    if (!x) return fail("an operand is no float tensor");
+    return view(n, x->sizes, x->strides);
+  }
+
+  bool contiguous(const Node* n) {
+    auto src = dense(n);
+    if (!src) return fail("an operand is no float tensor");
+    layouts_[n->output()] = *src;
+    return true;
+  }
+
+  // out = a @ b (+ bias), a: [..., m, k] (leading dims folded into m, or a batch matching b's),
+  // b: [k, n] or [batch, k, n].
+  bool matmul_op(const Node* n, const Layout& a, const Layout& b, const Layout* bias) {
+    const size_t ra = a.sizes.size(), rb = b.sizes.size();
+    if (ra < 2 || rb < 2 || rb > 3 || (rb == 3 && ra != 3)) return fail("a matmul of ranks the plan has no step for");
+    Step s;
+    s.kind = Step::kMatMul;
+    s.k = a.sizes[ra - 1];
+    if (b.sizes[rb - 2] != s.k) return fail("matmul operands that do not match");
+    s.n = b.sizes[rb - 1];
+    std::vector<int64_t> out_sizes(a.sizes.begin(), a.sizes.end() - 1);
+    out_sizes.push_back(s.n);
+    if (rb == 3) {
+      if (a.sizes[0] != b.sizes[0]) return fail("a batched matmul that broadcasts");
+      s.batch = a.sizes[0];
+      s.m = a.sizes[1];
+      s.as[0] = a.strides[0], s.bs[0] = b.strides[0];
+    } else {
+      // Leading dims folded into m: they must step as one with m (rows at a fixed stride).
+      s.m = 1;
+      for (size_t d = 0; d + 1 < ra; ++d) s.m *= a.sizes[d];
+      for (size_t d = 0; d + 2 < ra; ++d)
+        if (a.sizes[d] != 1 && a.strides[d] != a.strides[d + 1] * a.sizes[d + 1]) return fail("a matmul over strided rows");
+    }
+    s.as[1] = a.strides[ra - 2], s.as[2] = a.strides[ra - 1];
+    s.bs[1] = b.strides[rb - 2], s.bs[2] = b.strides[rb - 1];
+    if (!within_limits(n, out_sizes)) return false;
+    macs_ += s.batch * s.m * s.n * s.k;
+    Layout out = produce(n->output(), out_sizes);
+    s.os[0] = s.m * s.n, s.os[1] = s.n, s.os[2] = 1;
+    if (bias) {
+      auto sizes = broadcast(bias->sizes, {s.m, s.n});
+      if (bias->sizes.size() > 2 || !sizes || *sizes != std::vector<int64_t>{s.m, s.n}) return fail("a bias that does not broadcast");
+      size_t r = bias->sizes.size();
+      s.bias_s[0] = r == 2 && bias->sizes[0] != 1 ? bias->strides[0] : 0;
+      s.bias_s[1] = r >= 1 && bias->sizes[r - 1] != 1 ? bias->strides[r - 1] : 0;
+      s.bias = bias->ref;
+      s.has_bias = true;
+    }
+    s.out = out.ref, s.a = a.ref, s.b = b.ref;
+    p_.steps.push_back(s);
+    return true;
+  }
+
+  bool matmul(const Node* n) {
+    const Layout* x = operand(n->input(0));
+    if (!x) return fail("a matmul operand is no float tensor");
+    Layout a = *x;
+    const Layout* y = operand(n->input(1));
+    if (!y) return fail("a matmul operand is no float tensor");
+    Layout b = *y;
+    return matmul_op(n, a, b, nullptr);
+  }
+
+  bool linear(const Node* n) {
+    const Layout* x = operand(n->input(0));
+    if (!x) return fail("a linear operand is no float tensor");
+    Layout a = *x;
+    const Layout* w = operand(n->input(1));
+    if (!w || w->sizes.size() != 2) return fail("a linear weight that is no matrix");
+    Layout b{w->ref, {w->sizes[1], w->sizes[0]}, {w->strides[1], w->strides[0]}};  // weight.t()
+    std::optional<Layout> bias;
+    if (n->input(2)->type()->kind() != c10::TypeKind::NoneType) {
+      const Layout* l = operand(n->input(2));
+      if (!l) return fail("a linear bias that is no float tensor");
+      bias = *l;
+    }
+    return matmul_op(n, a, b, bias ? &*bias : nullptr);
+  }
+
+  bool addmm(const Node* n) {
+    auto beta = number(n->input(3)), alpha = number(n->input(4));
+    if (!beta || !alpha || *beta != 1 || *alpha != 1) return fail("addmm with beta or alpha other than 1");
+    const Layout* c = operand(n->input(0));
+    if (!c) return fail("an addmm operand is no float tensor");
+    Layout bias = *c;
+    const Layout* x = operand(n->input(1));
+    if (!x || x->sizes.size() != 2) return fail("an addmm operand is no matrix");
+    Layout a = *x;
+    const Layout* y = operand(n->input(2));
+    if (!y || y->sizes.size() != 2) return fail("an addmm operand is no matrix");
+    Layout b = *y;
+    return matmul_op(n, a, b, &bias);
+  }
+
+  bool cat(const Node* n) {
+    const Node* list = n->input(0)->node();
+    auto dim = int_arg(n->input(1));
+    if (list->kind() != c10::prim::ListConstruct || !dim || list->inputs().empty()) return fail("cat of a list the plan cannot see");
+    std::vector<Layout> parts;
+    for (const Value* v : list->inputs()) {
+      const Layout* l = operand(v);
+      if (!l) return fail("cat of a tensor that is no float tensor");
+      parts.push_back(*l);
+    }
+    int64_t r = static_cast<int64_t>(parts[0].sizes.size());
+    if (*dim < -r || *dim >= r) return fail("cat dim out of range");
+    int64_t d = (*dim + r) % r;
+    std::vector<int64_t> sizes = parts[0].sizes;
+    sizes[d] = 0;
+    for (const Layout& part : parts) {
+      if (static_cast<int64_t>(part.sizes.size()) != r) return fail("cat of tensors of different ranks");
+      for (int64_t i = 0; i < r; ++i)
+        if (i != d && part.sizes[i] != sizes[i]) return fail("cat of tensors of different sizes");
+      sizes[d] += part.sizes[d];
+    }
+    if (!within_limits(n, sizes)) return false;
+    Layout out = produce(n->output(), sizes);
+    int64_t at = 0;
+    for (const Layout& part : parts) {  // each part is copied into its slice of the output
+      Layout slice{{out.ref.space, out.ref.index, out.ref.offset + at * out.strides[d]}, part.sizes, out.strides};
+      elementwise_step(Fn::kCopy, slice, {&part});
+      at += part.sizes[d];
+    }
+    return true;
+  }
+
+  bool dropout(const Node* n) {
+    auto train = torch::jit::toIValue(n->input(2));
+    if (!train || !train->isBool() || train->toBool()) return fail("dropout in training mode");
+    return identity(n);
+  }
+
+  // One entry per aten schema the plan has a step (or a layout) for.
+  static const Rules& rules() {
+    static const Rules r = [] {
+      std::vector<std::pair<const char*, Handler>> entries = {
+          {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_alpha(n, Fn::kAdd); }},
+          {"aten::add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_alpha(n, Fn::kAdd); }},
+          {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_alpha(n, Fn::kSub); }},
+          {"aten::sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_alpha(n, Fn::kSub); }},
+          {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMul); }},
+          {"aten::mul.Scalar(Tensor self, Scalar other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMul); }},
+          {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kDiv); }},
+          {"aten::div.Scalar(Tensor self, Scalar other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kDiv); }},
+          {"aten::relu(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kRelu); }},
+          {"aten::sigmoid(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSigmoid); }},
+          {"aten::tanh(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kTanh); }},
+          {"aten::exp(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kExp); }},
+          {"aten::neg(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kNeg); }},
+          {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", [](Compiler& c, const Node* n) { return c.clamp(n); }},
+          {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", [](Compiler& c, const Node* n) { return c.clamp(n); }},
+          {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
+           [](Compiler& c, const Node* n) {
+             auto slope = number(n->input(1));
+             return slope ? c.unary_op(n, Fn::kLeakyRelu, static_cast<float>(*slope)) : c.fail("leaky_relu slope is not a constant");
+           }},
+          {"aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.transpose(n); }},
+          {"aten::t(Tensor(a) self) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.t(n); }},
+          {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)",
+           [](Compiler& c, const Node* n) {
+             auto order = int_list(n->input(1));
+             return order ? c.permute(n, *order) : c.fail("permute of unknown dims");
+           }},
+          {"aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.unsqueeze(n); }},
+          {"aten::squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.squeeze(n); }},
+          {"aten::flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.reshape(n); }},
+          {"aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.reshape(n); }},
+          {"aten::reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.reshape(n); }},
+          {"aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.contiguous(n); }},
+          {"aten::dropout(Tensor input, float p, bool train) -> Tensor", [](Compiler& c, const Node* n) { return c.dropout(n); }},
+          {"aten::mm(Tensor self, Tensor mat2) -> Tensor", [](Compiler& c, const Node* n) { return c.matmul(n); }},
+          {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", [](Compiler& c, const Node* n) { return c.matmul(n); }},
+          {"aten::matmul(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.matmul(n); }},
+          {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", [](Compiler& c, const Node* n) { return c.linear(n); }},
+          {"aten::addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.addmm(n); }},
+          {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", [](Compiler& c, const Node* n) { return c.cat(n); }},
+      };
+      Rules r;
+      for (auto& [schema, handle] : entries) {
+        auto op = torch::jit::getOperatorForLiteral(schema);
+        TORCH_CHECK(op, "torch_llga: no operator ", schema);
+        r[c10::Symbol::fromQualString(op->schema().name())].emplace_back(op, handle);
+      }
+      return r;
+    }();
+    return r;
+  }
+
+  const Graph& g_;
+  SmallProgram& p_;
+  std::unordered_map<const Value*, Layout> layouts_;
+  std::unordered_set<const Value*> wanted_;  // the subgraph's outputs
+  std::vector<const Value*> owner_;          // per output buffer, the value computed into it
+  int64_t scratch_ = 0, macs_ = 0;
+  std::string why_;
+};
+
+}  // namespace
+
+bool small_plan_has_step(const Node* n) { return Compiler::has_step(n); }
+
+std::shared_ptr<const SmallProgram> compile_small_plan(const Graph& subgraph, std::string* why) {
+  auto p = std::make_shared<SmallProgram>();
+  Compiler c(subgraph, *p);
+  if (c.compile()) return p;
+  if (why) *why = c.why();
+  return nullptr;
+}
+
+namespace {
+
+torch::jit::RegisterOperators registered({
+    torch::jit::Operator(
+        kSmallPlan,
+        [](const Node* node) -> torch::jit::Operation {
+          std::string why;
+          auto program = compile_small_plan(*node->g(c10::attr::Subgraph), &why);
+          TORCH_CHECK(program, "torch_llga: a small-graph plan no longer compiles (", why, ")");
+          return [program](Stack& stack) { run_plan(*program, stack); };
+        },
+        c10::AliasAnalysisKind::PURE_FUNCTION),
+});
+
+}  // namespace
+
+}  // namespace llga

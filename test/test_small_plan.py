@@ -1,0 +1,197 @@
+"""Small-graph plans: a whole graph of tiny fp32 tensors runs as one llga::SmallPlan step (small_plan.h)."""
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_llga
+from torch_llga.bench_models import MODELS
+from torch_llga.report import small_plans
+
+from conftest import FP32, Fused
+
+pytestmark = pytest.mark.small_plan
+
+
+def planned(model, *inputs, ops, **tol):
+    """Traces model with torch_llga on, checks that the whole graph became one plan of `ops` (in
+    order), that it runs (not its fallback) and matches eager; returns the Fused model."""
+    if isinstance(model, nn.Module):
+        model.eval()
+    with torch.no_grad():
+        expected = model(*inputs)
+    fused = Fused(model, inputs)
+    assert small_plans(fused.graph) == [ops], f"{fused.unfused}\n{fused.graph}"
+    assert fused.groups == [] and fused.unfused == []
+    before = torch_llga.stats()
+    again = fused(*inputs)
+    after = torch_llga.stats()
+    assert after["plan_runs"] - before["plan_runs"] == 1
+    assert after["guard_failures"] == before["guard_failures"]
+    for out in (fused.output, again):
+        torch.testing.assert_close(out, expected, equal_nan=True, **(tol or FP32))
+    return fused
+
+
+DEEP_AND_WIDE_OPS = ["add", "mul", "clamp", "transpose", "bmm", "flatten", "cat", "mm", "add", "sigmoid"]
+
+
+@pytest.mark.parametrize("name", ["deep_and_wide", "deep_and_wide_64"])
+def test_deep_and_wide_is_one_plan(name):
+    model, inputs = MODELS[name](1)
+    planned(model, *inputs, ops=DEEP_AND_WIDE_OPS)
+
+
+def test_new_batch_size_falls_back_then_gets_its_own_plan():
+    model, inputs = MODELS["deep_and_wide"](1)
+    fused = planned(model, *inputs, ops=DEEP_AND_WIDE_OPS)
+    other = tuple(torch.randn(5, *x.shape[1:]) for x in inputs)
+    before = torch_llga.stats()
+    with torch_llga.enabled():
+        for _ in range(3):  # the guard fails; the executor profiles the fallback, then plans it for batch 5
+            torch.testing.assert_close(fused(*other), model(*other), **FP32)
+    after = torch_llga.stats()
+    assert after["guard_failures"] - before["guard_failures"] == 3
+    assert after["plan_runs"] - before["plan_runs"] == 2  # the fallback's own plan, from its second call
+    torch.testing.assert_close(fused(*inputs), model(*inputs), **FP32)
+
+
+def test_strided_inputs_run_the_plan():
+    model, inputs = MODELS["deep_and_wide_64"](1)
+    fused = planned(model, *inputs, ops=DEEP_AND_WIDE_OPS)
+    strided = tuple(torch.randn(x.shape[::-1]).transpose(0, -1) for x in inputs)
+    assert not any(x.is_contiguous() for x in strided)
+    before = torch_llga.stats()
+    torch.testing.assert_close(fused(*strided), model(*strided), **FP32)
+    after = torch_llga.stats()
+    assert after["plan_runs"] - before["plan_runs"] == 1 and after["guard_failures"] == before["guard_failures"]
+
+
+def test_nan_and_inf_as_eager():
+    def f(x, y):
+        return torch.clamp(torch.relu(x) * y, -1, 1) + torch.sigmoid(x) - F.leaky_relu(y, 0.1)
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    fused = planned(f, x, y, ops=["relu", "mul", "clamp", "sigmoid", "add", "leaky_relu", "sub"])
+    x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    y[1, :2] = torch.tensor([float("nan"), -float("inf")])
+    before = torch_llga.stats()["plan_runs"]
+    torch.testing.assert_close(fused(x, y), f(x, y), equal_nan=True, **FP32)
+    assert torch_llga.stats()["plan_runs"] == before + 1  # no scan, no fallback: the loops keep NaN
+
+
+def test_other_dtype_and_grad_fall_back():
+    def f(x):
+        return torch.tanh(x) * 2
+
+    x = torch.randn(2, 8)
+    fused = planned(f, x, ops=["tanh", "mul"])
+    before = torch_llga.stats()
+    out = fused(x.double())
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, f(x.double()))
+    grad = x.clone().requires_grad_()
+    out = fused.module(grad)  # grad mode on: the guard sends it to the fallback, which records the graph
+    out.sum().backward()
+    torch.testing.assert_close(grad.grad, 2 * (1 - torch.tanh(x) ** 2), **FP32)
+    assert torch_llga.stats()["guard_failures"] == before["guard_failures"] + 2
+    assert torch_llga.stats()["plan_runs"] == before["plan_runs"]
+
+
+def test_eight_threads():
+    model, inputs = MODELS["deep_and_wide_64"](1)
+    fused = planned(model, *inputs, ops=DEEP_AND_WIDE_OPS)
+    batches = [tuple(torch.randn(x.shape) for x in inputs) for _ in range(8)]
+    with torch.no_grad():
+        expected = [model(*b) for b in batches]
+    errors = []
+
+    def run(i):
+        try:
+            for _ in range(200):
+                torch.testing.assert_close(fused(*batches[i]), expected[i], **FP32)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+class Ops(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+        self.w = nn.Parameter(torch.randn(6, 5))
+        self.b = nn.Parameter(torch.randn(6))
+
+    def forward(self, *x):
+        return self.f(self, *x)
+
+
+# name -> (forward, inputs, the plan's ops)
+CASES = {
+    "add_sub_alpha": (lambda m, x, y: torch.add(x, y, alpha=2) - torch.sub(y, x, alpha=0.5), (torch.randn(3, 5), torch.randn(1, 5)),
+                      ["mul", "add", "mul", "sub", "sub"]),  # PrepareBinary moves alpha into a mul
+    "scalar_operands": (lambda m, x: (x + 1.5) * 3 / 2 - 1, (torch.randn(3, 5),), ["add", "mul", "div", "sub"]),
+    "broadcast_both": (lambda m, x, y: x * y + y, (torch.randn(4, 1, 5), torch.randn(3, 1)), ["mul", "add"]),
+    "unary": (lambda m, x: torch.exp(-torch.tanh(F.hardtanh(x, -0.5, 2.0))) + torch.clamp(x, min=0.1), (torch.randn(3, 5),),
+              ["hardtanh", "tanh", "neg", "exp", "clamp", "add"]),
+    "clamp_low_above_high": (lambda m, x: torch.clamp(x, 1.0, -1.0), (torch.randn(3, 5),), ["clamp"]),
+    "views": (lambda m, x: x.permute(2, 0, 1).unsqueeze(0).squeeze(0).transpose(1, 2).reshape(5, -1).view(-1).relu(),
+              (torch.randn(3, 4, 5),), ["permute", "unsqueeze", "squeeze", "transpose", "reshape", "view", "relu"]),
+    "flatten_of_transposed": (lambda m, x: x.transpose(0, 1).flatten(0) * 2, (torch.randn(3, 4),), ["transpose", "flatten", "mul"]),
+    "contiguous": (lambda m, x: x.t().contiguous() + 1, (torch.randn(3, 4),), ["t", "contiguous", "add"]),
+    "linear": (lambda m, x: F.linear(x, m.w, m.b), (torch.randn(2, 3, 5),), ["linear"]),
+    "linear_no_bias_of_view": (lambda m, x: F.linear(x.t(), m.w), (torch.randn(5, 4),), ["t", "linear"]),
+    "mm_addmm": (lambda m, x: torch.addmm(m.b, torch.mm(x, m.w.t()), torch.eye(6)), (torch.randn(4, 5),),
+                 ["mm", "mm", "add"]),  # DecomposeOps: addmm -> mm + add; freezing folds w.t()
+    "matmul_3d_2d": (lambda m, x: torch.matmul(x, m.w.t()), (torch.randn(2, 3, 5),), ["matmul"]),
+    "bmm_long_k": (lambda m, x, y: torch.bmm(x, y), (torch.randn(2, 3, 70), torch.randn(2, 70, 4)), ["bmm"]),
+    "cat": (lambda m, x, y: torch.cat([x, y.relu(), x], -1), (torch.randn(3, 2), torch.randn(3, 4)), ["relu", "cat"]),
+    "cat_dim0": (lambda m, x, y: torch.cat([x, y], 0).sigmoid(), (torch.randn(2, 4), torch.randn(3, 4)), ["cat", "sigmoid"]),
+    "returns_a_view": (lambda m, x: (x + 1).t(), (torch.randn(3, 4),), ["add", "t"]),
+    "returns_an_input_view_and_a_tuple": (lambda m, x: (x * 2, x.t(), x * 2), (torch.randn(3, 4),), ["mul", "t", "mul"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ops(case):
+    forward, inputs, ops = CASES[case]
+    planned(Ops(forward), *inputs, ops=ops)
+
+
+def test_too_large_for_a_plan_goes_to_onednn():
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))  # 136K multiply-adds
+    fused = Fused(model.eval(), (torch.randn(1, 256),))
+    assert small_plans(fused.graph) == [] and fused.groups == [["linear", "relu"], ["linear"]]
+
+
+def test_an_op_without_a_step_leaves_the_graph_to_the_fuser():
+    def f(x):
+        return torch.softmax(torch.relu(x) * 2, -1)
+
+    x = torch.randn(4, 8)
+    fused = Fused(f, (x,))
+    assert small_plans(fused.graph) == []
+    torch.testing.assert_close(fused(x), f(x), **FP32)
+
+
+def test_off_switch():
+    torch_llga._C._set_small_plans(False)
+    model, inputs = MODELS["deep_and_wide"](1)
+    fused = Fused(model.eval(), inputs)
+    assert small_plans(fused.graph) == []
+    assert torch_llga.config()["small_plans"] is False
+
+
+def test_explain_names_the_plan():
+    model, inputs = MODELS["deep_and_wide"](1)
+    report = torch_llga.explain(model, *inputs, verbose=False)
+    assert report.plans == [DEEP_AND_WIDE_OPS] and report.unfused == [] and report.fused_share == 1.0
+    assert "small-graph plan: 10 ops run as one native step" in str(report)
