@@ -11,6 +11,7 @@ import torch.utils
 import torchvision
 
 from conftest import fusion_groups
+from torch_llga.bench_models import MODELS
 
 # Under `make test-sanitize` this module only costs time: it builds a separate, unsanitized
 # libtorch_llga with CMake (minutes longer with the ASan runtime preloaded into every compiler) and
@@ -41,7 +42,13 @@ def built(tmp_path_factory):
     model = tmp / "resnet18.pt"
     with torch.no_grad():
         torch.jit.freeze(torch.jit.trace(torchvision.models.resnet18().eval(), torch.rand(1, 3, 64, 64))).save(str(model))
-    return {"prefix": prefix, "example": tmp / "example" / "run_model", "model": model}
+        # A model small enough for a small-graph plan, its inputs and eager's output.
+        small, inputs = MODELS["deep_and_wide_64"](1)
+        small_model = tmp / "deep_and_wide.pt"
+        torch.jit.freeze(torch.jit.trace(small.eval(), inputs)).save(str(small_model))
+        torch.save({"inputs": inputs, "expected": small(*inputs)}, str(tmp / "deep_and_wide_io.pt"))
+    return {"prefix": prefix, "example": tmp / "example" / "run_model", "model": model,
+            "small_model": small_model, "small_io": tmp / "deep_and_wide_io.pt"}
 
 
 def clean_env(**extra):
@@ -82,3 +89,23 @@ def test_preloaded_library_fuses_without_code_changes(built, enable, fused):
                          capture_output=True, text=True, check=True)
     groups = int(out.stdout.strip().splitlines()[-1])
     assert (groups > 0) == fused
+
+
+PRELOADED_PLAN = """
+import warnings, torch
+warnings.filterwarnings("ignore")
+m = torch.jit.load({model!r})
+io = torch.load({io!r})
+with torch.no_grad():
+    m(*io["inputs"]); m(*io["inputs"]); y = m(*io["inputs"])
+g = torch.jit.last_executed_optimized_graph()
+print(len(g.findAllNodes("llga::SmallPlan", True)), (y - io["expected"]).abs().max().item())
+"""
+
+
+def test_preloaded_library_runs_small_graph_plans(built):
+    lib = built["prefix"] / "lib" / "libtorch_llga.so"
+    out = subprocess.run([sys.executable, "-c", PRELOADED_PLAN.format(model=str(built["small_model"]), io=str(built["small_io"]))],
+                         env=clean_env(LD_PRELOAD=str(lib), TORCH_LLGA_ENABLE="1"), capture_output=True, text=True, check=True)
+    plans, diff = out.stdout.strip().splitlines()[-1].split()
+    assert int(plans) == 1 and float(diff) <= 1e-5

@@ -18,7 +18,7 @@ inline const c10::Symbol kSmallPlan = c10::Symbol::fromQualString("llga::SmallPl
 
 // The limits of "small": past them oneDNN's kernels (or ATen's) beat the plan's plain loops.
 constexpr int64_t kSmallPlanMaxElements = 16 * 1024;  // per computed tensor
-constexpr int64_t kSmallPlanMaxMacs = 32 * 1024;      // multiply-adds of all matmuls together
+constexpr int64_t kSmallPlanMaxMacs = 128 * 1024;      // multiply-adds of all matmuls together
 
 struct SmallProgram;
 
