@@ -167,9 +167,14 @@ def test_ops(case):
 
 
 def test_too_large_for_a_plan_goes_to_onednn():
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))  # 136K multiply-adds
-    fused = Fused(model.eval(), (torch.randn(1, 256),))
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))  # 16 rows: 131K multiply-adds
+    fused = Fused(model.eval(), (torch.randn(16, 64),))
     assert small_plans(fused.graph) == [] and fused.groups == [["linear", "relu"], ["linear"]]
+
+
+def test_matrix_vector_mlp_is_one_plan():
+    model, inputs = MODELS["mlp"](1)  # one row: 393K multiply-adds, under the matrix-vector limit
+    planned(model, *inputs, ops=["linear", "relu", "linear", "relu", "linear"])
 
 
 def test_an_op_without_a_step_leaves_the_graph_to_the_fuser():

@@ -339,7 +339,8 @@ class Compiler {
           return fail(std::string(n->kind().toQualString()) + "'s output differs from its profile");
       }
     }
-    if (macs_ > kSmallPlanMaxMacs) return fail("more than " + std::to_string(kSmallPlanMaxMacs) + " multiply-adds");
+    const int64_t max_macs = rows_ <= kSmallPlanMaxMatVecRows ? kSmallPlanMaxMatVecMacs : kSmallPlanMaxMacs;
+    if (macs_ > max_macs) return fail("more than " + std::to_string(max_macs) + " multiply-adds");
     std::unordered_map<const Value*, int> output_of;
     for (const Value* v : g_.outputs()) {
       if (!layouts_.count(v)) return fail("an output is no tensor the plan computes");
@@ -685,6 +686,7 @@ class Compiler {
     s.bs[1] = b.strides[rb - 2], s.bs[2] = b.strides[rb - 1];
     if (!within_limits(n, out_sizes)) return false;
     macs_ += s.batch * s.m * s.n * s.k;
+    rows_ = std::max(rows_, s.batch * s.m);
     Layout out = produce(n->output(), out_sizes);
     s.os[0] = s.m * s.n, s.os[1] = s.n, s.os[2] = 1;
     if (bias) {
@@ -841,7 +843,7 @@ class Compiler {
   std::unordered_map<const Value*, Layout> layouts_;
   std::unordered_set<const Value*> wanted_;  // the subgraph's outputs
   std::vector<const Value*> owner_;          // per output buffer, the value computed into it
-  int64_t scratch_ = 0, macs_ = 0;
+  int64_t scratch_ = 0, macs_ = 0, rows_ = 0;
   std::string why_;
 };
 
