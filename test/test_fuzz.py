@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import torch_llga
 from fuzz_ops import BF16, F32, F64, mag
 from fuzz_programs import ProgramModule, evaluate, programs
-from torch_llga.report import fusion_groups
+from torch_llga.report import fusion_groups, small_plans
 
 QUICK_EXAMPLES = 80
 LONG_EXAMPLES = int(os.environ.get("TORCH_LLGA_FUZZ_EXAMPLES", "0"))
@@ -83,21 +83,25 @@ def trace(prog, xs, freeze):
         return torch.jit.freeze(module) if freeze else module
 
 
-def check_fused(prog, all_partitions, freeze):
+def check_fused(prog, all_partitions, freeze, plans=False):
     xs = prog.make_inputs(0)
     expected = evaluate(prog, xs)
     assert expected is not None, "the builder keeps traced values finite"
     fused = trace(prog, xs, freeze)
     torch_llga._C._set_fuse_all_partitions(all_partitions)
+    torch_llga._C._set_small_plans(plans)
     try:
         with torch.no_grad(), torch_llga.enabled():
             outs = [fused(*xs), fused(*xs)]  # profiling run, then the optimized graph
             graph = torch.jit.last_executed_optimized_graph()
     finally:
         torch_llga._C._set_fuse_all_partitions(False)
+        torch_llga._C._set_small_plans(False)
     for k, out in enumerate(outs):
         assert_matches(out, expected, f"warm-up call {k}", tally=k == 1)
     groups = fusion_groups(graph)
+    plans = small_plans(graph)
+    TALLY["small-graph plans: examples"] += bool(plans)
     TALLY["examples"] += 1
     TALLY["with_groups"] += bool(groups)
     TALLY["groups"] += len(groups)
@@ -117,6 +121,7 @@ def check_fused(prog, all_partitions, freeze):
             assert after["kernel_fallbacks"] == before["kernel_fallbacks"], f"{what}: oneDNN could not run a group\n{graph}"
             assert after["guard_failures"] == before["guard_failures"], f"{what}: a guard rejected same-sized inputs\n{graph}"
             assert after["executions"] - before["executions"] == len(groups), f"{what}: not every group ran\n{graph}"
+            assert after["plan_runs"] - before["plan_runs"] == len(plans), f"{what}: the plan did not run\n{graph}"
         else:  # new sizes: shape-free groups recompile, the others take the guard's fallback
             TALLY["other sizes: fused executions"] += after["executions"] - before["executions"]
             TALLY["other sizes: kernel fallbacks"] += after["kernel_fallbacks"] - before["kernel_fallbacks"]
@@ -137,9 +142,9 @@ def plain_torchscript_fails(prog, freeze):
     return False
 
 
-def check_program(prog, all_partitions, freeze):
+def check_program(prog, all_partitions, freeze, plans):
     try:
-        check_fused(prog, all_partitions, freeze)
+        check_fused(prog, all_partitions, freeze, plans)
     except Exception as e:
         if plain_torchscript_fails(prog, freeze):
             TORCHSCRIPT_BUGS.append((prog, f"{type(e).__name__}: {str(e)[:300]}"))
@@ -147,14 +152,16 @@ def check_program(prog, all_partitions, freeze):
         raise
 
 
-@given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8), all_partitions=st.sampled_from([True, True, False]), freeze=st.sampled_from([True, True, True, False]))
-def fuzz(prog, all_partitions, freeze):
+# small_plans: whole programs of tiny tensors may run as one small-graph plan (not with all_partitions).
+@given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8), all_partitions=st.sampled_from([True, True, False]),
+       freeze=st.sampled_from([True, True, True, False]), small_plans=st.sampled_from([False, True]))
+def fuzz(prog, all_partitions, freeze, small_plans):
     if time.time() > DEADLINE[0]:
         reject()  # out of time: the remaining examples are skipped
     if CURRENT_LOG:
         with open(CURRENT_LOG, "w") as f:
-            f.write(f"all_partitions={all_partitions} freeze={freeze}{prog!r}")
-    check_program(prog, all_partitions, freeze)
+            f.write(f"all_partitions={all_partitions} freeze={freeze} small_plans={small_plans}{prog!r}")
+    check_program(prog, all_partitions, freeze, small_plans)
     if LONG_EXAMPLES and TALLY["examples"] % 250 == 0:
         print(f"  {TALLY['examples']} examples, {time.strftime('%H:%M:%S')}", flush=True)
 

@@ -9,6 +9,7 @@
 #include "jit/codegen/onednn/op_table.h"
 #include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/small_plan.h"
 
 namespace llga {
 
@@ -36,11 +37,12 @@ const auto registered = torch::jit::registerPrePass([](std::shared_ptr<Graph>& g
 
 // The executor profiles the tensors TensorExpr ops read and write. Every op the table maps is
 // profiled too (quantize_per_tensor, dequantize and max_pool3d are no TensorExpr ops: they would
-// reach us without sizes or dtype), and scaled_dot_product_attention, which DecomposeOps spells
-// out only for profiled q, k, v and mask.
+// reach us without sizes or dtype), scaled_dot_product_attention, which DecomposeOps spells
+// out only for profiled q, k, v and mask, and the ops small-graph plans have steps for.
 const bool profiled_table_ops = [] {
   torch::jit::RegisterProfilingNode([](const Node* n) {
-    return n->kind() == c10::aten::scaled_dot_product_attention || find_entry(n) != nullptr;
+    return n->kind() == c10::aten::scaled_dot_product_attention || find_entry(n) != nullptr ||
+           (n->kind() != c10::prim::Constant && n->kind() != c10::prim::ListConstruct && small_plan_has_step(n));
   });
   return true;
 }();

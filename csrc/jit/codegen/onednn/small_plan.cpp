@@ -74,7 +74,11 @@ bool is_contiguous(const Layout& l) {
   return true;
 }
 
-enum class Fn { kCopy, kAdd, kSub, kMul, kDiv, kRelu, kSigmoid, kTanh, kExp, kNeg, kClamp, kLeakyRelu };
+enum class Fn {
+  kCopy, kAdd, kSub, kMul, kDiv, kMaximum, kMinimum,
+  kRelu, kSigmoid, kTanh, kExp, kLog, kSqrt, kAbs, kNeg, kSquare, kClamp, kLeakyRelu, kElu,
+  kHardSigmoid, kHardSwish, kSilu, kGelu, kGeluTanh
+};
 
 // An elementwise loop nest over the output's sizes: per operand (0 = the output, 1 and 2 the
 // inputs) a stride per dim, 0 where the operand is broadcast. Dims that every operand walks as one
@@ -199,6 +203,32 @@ template <class F>
         return y > hi ? hi : y;
       });
     case Fn::kLeakyRelu: return unary(s.nest, o, a, [=](float x) { return x < 0 ? x * alpha : x; });
+    case Fn::kMaximum:  // NaN if either is NaN, as torch.maximum
+      return binary(s.nest, o, a, b, [](float x, float y) { return x != x ? x : (y != y ? y : (x > y ? x : y)); });
+    case Fn::kMinimum:
+      return binary(s.nest, o, a, b, [](float x, float y) { return x != x ? x : (y != y ? y : (x < y ? x : y)); });
+    case Fn::kLog: return unary(s.nest, o, a, [](float x) { return std::log(x); });
+    case Fn::kSqrt: return unary(s.nest, o, a, [](float x) { return std::sqrt(x); });
+    case Fn::kAbs: return unary(s.nest, o, a, [](float x) { return std::fabs(x); });
+    case Fn::kSquare: return unary(s.nest, o, a, [](float x) { return x * x; });
+    case Fn::kElu: return unary(s.nest, o, a, [=](float x) { return x > 0 ? x : (x != x ? x : alpha * std::expm1(x)); });
+    case Fn::kHardSigmoid:  // min(max(x + 3, 0), 6) / 6
+      return unary(s.nest, o, a, [](float x) {
+        float y = x + 3.f;
+        return (y < 0.f ? 0.f : (y > 6.f ? 6.f : y)) / 6.f;
+      });
+    case Fn::kHardSwish:
+      return unary(s.nest, o, a, [](float x) {
+        float y = x + 3.f;
+        return x * (y < 0.f ? 0.f : (y > 6.f ? 6.f : y)) / 6.f;
+      });
+    case Fn::kSilu: return unary(s.nest, o, a, [](float x) { return x / (1.f + std::exp(-x)); });
+    case Fn::kGelu: return unary(s.nest, o, a, [](float x) { return 0.5f * x * (1.f + std::erf(x * float(M_SQRT1_2))); });
+    case Fn::kGeluTanh:
+      return unary(s.nest, o, a, [](float x) {
+        constexpr float kBeta = float(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
+        return 0.5f * x * (1.f + std::tanh(kBeta * (x + kKappa * x * x * x)));
+      });
   }
 }
 
@@ -794,7 +824,31 @@ class Compiler {
           {"aten::mul.Scalar(Tensor self, Scalar other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMul); }},
           {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kDiv); }},
           {"aten::div.Scalar(Tensor self, Scalar other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kDiv); }},
+          {"aten::maximum(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMaximum); }},
+          {"aten::minimum(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMinimum); }},
           {"aten::relu(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kRelu); }},
+          {"aten::relu6(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kClamp, 1, 0, 6); }},
+          {"aten::abs(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kAbs); }},
+          {"aten::square(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSquare); }},
+          {"aten::sqrt(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSqrt); }},
+          {"aten::log(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kLog); }},
+          {"aten::hardsigmoid(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kHardSigmoid); }},
+          {"aten::hardswish(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kHardSwish); }},
+          {"aten::silu(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSilu); }},
+          {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor",
+           [](Compiler& c, const Node* n) {
+             auto mode = torch::jit::toIValue(n->input(1));
+             if (!mode || !mode->isString()) return c.fail("gelu of an unknown approximation");
+             if (mode->toStringRef() == "none") return c.unary_op(n, Fn::kGelu);
+             if (mode->toStringRef() == "tanh") return c.unary_op(n, Fn::kGeluTanh);
+             return c.fail("gelu of an unknown approximation");
+           }},
+          {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor",
+           [](Compiler& c, const Node* n) {
+             auto alpha = number(n->input(1)), scale = number(n->input(2)), input_scale = number(n->input(3));
+             if (!alpha || scale != 1.0 || input_scale != 1.0) return c.fail("elu with a scale");
+             return c.unary_op(n, Fn::kElu, static_cast<float>(*alpha));
+           }},
           {"aten::sigmoid(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSigmoid); }},
           {"aten::tanh(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kTanh); }},
           {"aten::exp(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kExp); }},
