@@ -165,14 +165,14 @@ template <class Inner>
 
 template <class F>
 [[gnu::always_inline]] inline void unary(const Nest& nest, float* o, const float* a, F f) {
-  for_each_row(nest, o, a, a, [&](float* o, const float* a, const float*, int64_t n, int64_t so, int64_t sa, int64_t) {
+  for_each_row(nest, o, a, a, [&](float* o, const float* a, const float*, int64_t n, int64_t so, int64_t sa, int64_t) __attribute__((always_inline)) {
     unary_inner(o, a, n, so, sa, f);
   });
 }
 
 template <class F>
 [[gnu::always_inline]] inline void binary(const Nest& nest, float* o, const float* a, const float* b, F f) {
-  for_each_row(nest, o, a, b, [&](float* o, const float* a, const float* b, int64_t n, int64_t so, int64_t sa, int64_t sb) {
+  for_each_row(nest, o, a, b, [&](float* o, const float* a, const float* b, int64_t n, int64_t so, int64_t sa, int64_t sb) __attribute__((always_inline)) {
     binary_inner(o, a, b, n, so, sa, sb, f);
   });
 }
