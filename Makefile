@@ -1,10 +1,12 @@
 # make demo : set up .venv, build torch_llga, run the ResNet-50 demo
 # make test : set up .venv, build torch_llga, run the pytest suite
 # make test-sanitize : the same with torch_llga built with ASan + UBSan (TORCH_LLGA_SANITIZE=1)
+# make bench : set up .venv with requirements-bench.txt too, build torch_llga, run the benchmark
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-installed
+BENCH_DEPS := $(VENV)/.bench-deps-installed
 SO     := $(wildcard torch_llga/_C*.so)
 SRCS   := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.py' -o -name 'sources.txt') setup.py
 
@@ -21,6 +23,11 @@ $(DEPS): requirements.txt requirements-test.txt | $(PY)
 	touch $@
 
 venv: $(DEPS)
+
+# OpenVINO and ONNX Runtime, the bench's other runtimes: benchmark-only, never in the wheel or CI.
+$(BENCH_DEPS): requirements-bench.txt $(DEPS)
+	$(PY) -m pip install -q -r requirements-bench.txt
+	touch $@
 
 # Registered with pip as an editable install (package metadata and the torch_dynamo_backends entry
 # point that torch.compile(backend="torch_llga") finds), again whenever setup.py changes.
@@ -55,7 +62,7 @@ test: build
 test-sanitize: build-sanitize
 	test/sanitizers/run $(PY) -m pytest -q test
 
-bench: build
+bench: build $(BENCH_DEPS)
 	$(PY) -m torch_llga.bench
 
 clean:

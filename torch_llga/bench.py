@@ -1,10 +1,17 @@
-"""Benchmark: torch_llga beside eager, TorchScript, PyTorch's built-in oneDNN fuser and torch.compile.
+"""Benchmark: torch_llga beside eager, TorchScript, PyTorch's built-in oneDNN fuser and torch.compile,
+and beside OpenVINO and ONNX Runtime (benchmark-only: pip install -r requirements-bench.txt).
 
     python -m torch_llga.bench [--models resnet50,lld6] [--backends ...] [--threads 2] [--out bench_out/run]
     python -m torch_llga.bench --dtype int8 --models resnet50   # torch_llga vs FX convert_fx (x86) vs fp32
 
 Rounds are interleaved across backends so machine drift hits all alike; the figures are medians.
 A backend that fails on a model is reported as failed, with its error.
+
+openvino: ov.convert_model, compiled for the CPU with the bench's thread count, latency hint, and the
+run's precision (f32, or bf16 with --dtype bf16; with --dtype int8 it gets the reference model, whose
+quantize/dequantize pairs it runs as int8); onnxruntime: torch.onnx.export (TorchScript-based) into an
+InferenceSession on the CPU provider, fp32 only. Both are called with torch tensors and return one:
+the conversions to and from numpy are part of their time.
 
 --dtype int8: the model is quantized the way PyTorch's FX flow does it (x86 qconfig mapping, calibrated
 on a few random batches); eager, torchscript, builtin_onednn and torch_llga run its reference form
@@ -16,11 +23,13 @@ requantization dropped). Differences are to the eager reference model.
 import argparse
 import contextlib
 import copy
+import importlib
 import json
 import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 
@@ -30,15 +39,18 @@ import torch_llga
 from torch_llga.bench_models import MODELS
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
-            "torchscript_fp32", "torch_llga_fast"]
+            "torchscript_fp32", "torch_llga_fast", "openvino", "onnxruntime"]
 INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast"}
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
+# Untimed calls before each sample, for this long: ONNX Runtime's worker threads spin 40-75 ms after
+# its last call (measured here), on a core the backend timed next needs (2x slower ResNet-18 calls).
+SETTLE_MS = 100
 
 
 class Backend:
     """A model prepared one way; call() runs it once in the state it needs (fuser switches)."""
 
-    def __init__(self, name, model, inputs):
+    def __init__(self, name, model, inputs, dtype):
         self.name, self.inputs = name, inputs
         t0 = time.perf_counter()
         with torch.no_grad(), self.switch():
@@ -51,6 +63,10 @@ class Backend:
                 self.fn = torch.compile(model)
             elif name == "torch_llga_compile":  # torch_llga as a torch.compile backend (torch_llga/dynamo.py)
                 self.fn = torch.compile(model, backend="torch_llga", dynamic=False)
+            elif name == "openvino":
+                self.fn = openvino_fn(model, inputs, dtype)
+            elif name == "onnxruntime":
+                self.fn = onnxruntime_fn(model, inputs, dtype)
             else:
                 self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
@@ -65,8 +81,13 @@ class Backend:
             return BuiltinFuser()
         return torch_llga.enabled(False)
 
-    def time_ms(self, repeat):
+    def time_ms(self, repeat, settle_ms=0):
         with torch.no_grad(), self.switch():
+            # Untimed calls first, for settle_ms (one call at least if not 0): the backend timed
+            # before may have left its worker threads spinning and its data in the caches.
+            t = time.perf_counter()
+            while (time.perf_counter() - t) * 1e3 < settle_ms:
+                self.fn(*self.inputs)
             t = time.perf_counter()
             for _ in range(repeat):
                 self.fn(*self.inputs)
@@ -86,6 +107,71 @@ def fast_int8(on):
             del os.environ["TORCH_LLGA_INT8_EXACT"]
         elif on:
             os.environ["TORCH_LLGA_INT8_EXACT"] = previous
+
+
+def bench_import(module):
+    """A benchmark-only dependency (requirements-bench.txt), imported when its backend is asked for."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{module} is not installed: pip install -r requirements-bench.txt") from e
+
+
+def numpy_ready(x):
+    """x as numpy can hold it: numpy has no bf16, so bf16 crosses as fp32 (the runtime casts inside)."""
+    return (x.float() if x.dtype == torch.bfloat16 else x).contiguous()
+
+
+def openvino_fn(model, inputs, dtype):
+    """model converted and compiled by OpenVINO for the CPU, as a function of torch tensors."""
+    ov = bench_import("openvino")
+    if dtype == "bf16":  # OpenVINO's way to bf16: the fp32 model with a bf16 precision hint
+        model = copy.deepcopy(model).float()
+    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY",
+              # bf16 on its own on AVX512_BF16 CPUs unless told f32
+              "INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32"}
+    compiled = ov.Core().compile_model(ov.convert_model(model, example_input=tuple(map(numpy_ready, inputs))),
+                                       "CPU", config)
+    request = compiled.create_infer_request()
+
+    # The infer request, its inputs set as zero-copy tensors, then infer(): about half the per-call
+    # time of compiled(inputs) or request.infer(inputs) on MLP and DeepAndWide, measured here. The
+    # output is copied: OpenVINO reuses its buffer.
+    def run(*args):
+        arrays = [numpy_ready(x).numpy() for x in args]  # alive through infer(): the ov.Tensors don't hold them
+        for i, array in enumerate(arrays):
+            request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))
+        request.infer()
+        return torch.from_numpy(request.get_output_tensor(0).data.copy())
+
+    return run
+
+
+def onnxruntime_fn(model, inputs, dtype):
+    """model exported to ONNX and run by ONNX Runtime's CPU provider, as a function of torch tensors."""
+    if dtype != "fp32":
+        reason = {"bf16": "its CPU provider has no bf16 Gemm, ONNX's Conv no bf16",
+                  "int8": "torch.onnx.export fails on FX's reference int8 model"}[dtype]
+        raise ValueError(f"not applicable to {dtype}, fp32 only: {reason}")
+    bench_import("onnx")  # what torch.onnx.export writes with
+    ort = bench_import("onnxruntime")
+    names = [f"input_{i}" for i in range(len(inputs))]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    with tempfile.TemporaryDirectory() as tmp:  # the session keeps the model in memory
+        path = os.path.join(tmp, "model.onnx")
+        # The TorchScript-based exporter: the torch.export-based default needs onnxscript too.
+        torch.onnx.export(model, inputs, path, input_names=names, dynamo=False)
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    output = session.get_outputs()[0].name
+
+    def run(*args):
+        feed = {n: numpy_ready(x).numpy() for n, x in zip(names, args)}
+        return torch.from_numpy(session.run([output], feed)[0])
+
+    return run
 
 
 class BuiltinFuser:
@@ -153,7 +239,7 @@ def bench_model(name, backends, args):
     for b in backends:
         progress(f"{name}: preparing {b}")
         try:
-            backend = Backend(b, models[b], inputs)
+            backend = Backend(b, models[b], inputs, args.dtype)
             diff = (first(backend.output).float() - expected.float()).abs().max().item()
             row["results"][b] = {"warmup_ms": backend.warmup_ms, "max_abs_diff": diff, "times": []}
             ready.append(backend)
@@ -169,7 +255,7 @@ def bench_model(name, backends, args):
         # The order rotates each round: a backend timed right after another pays for what that one
         # left in the caches (measurable on microsecond models), and no backend always does.
         for backend in ready[r % len(ready):] + ready[:r % len(ready)]:
-            row["results"][backend.name]["times"].append(backend.time_ms(repeat))
+            row["results"][backend.name]["times"].append(backend.time_ms(repeat, SETTLE_MS))
     for backend in ready:
         res = row["results"][backend.name]
         res["median_ms"] = statistics.median(res["times"])
@@ -185,7 +271,8 @@ def ratio(row, base, b):
 
 def ratio_columns(backends):
     """(heading, baseline backend) of the "torch_llga vs ..." columns: the baselines in this run."""
-    cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32")]
+    cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32"),
+            ("OpenVINO", "openvino"), ("ORT", "onnxruntime")]
     return [(h, b) for h, b in cols if b in backends]
 
 
@@ -194,8 +281,11 @@ def markdown(rows, backends, args):
     head = f"{cpu}; torch {torch.__version__}, oneDNN {torch_llga.onednn_version()} (torch's own, for every backend), " \
            f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms"
     cols = ratio_columns(backends)
+    # Preparation and first calls: torch_llga's and the built-in fuser's, and the other runtimes' in this run.
+    warm = ["torch_llga", "builtin_onednn"] + [b for b in ("openvino", "onnxruntime") if b in backends]
+    warm_heading = " / ".join({"torch_llga": "llga", "builtin_onednn": "built-in"}.get(b, b) for b in warm)
     lines = [head, "", "| model | " + " | ".join(backends) + "".join(f" | llga vs {h}" for h, _ in cols) +
-             " | llga GFLOP/s | first 2 calls ms (llga / built-in) |",
+             f" | llga GFLOP/s | first 2 calls ms ({warm_heading}) |",
              "|---" * (len(backends) + len(cols) + 3) + "|"]
     for row in rows:
         cells = []
@@ -205,9 +295,8 @@ def markdown(rows, backends, args):
         ratios = [ratio(row, base, "torch_llga") for _, base in cols]
         llga = row["results"].get("torch_llga", {})
         gflops = f"{row['flops'] / llga['median_ms'] / 1e6:.0f}" if "median_ms" in llga and row["flops"] else "-"
-        warm = "/".join(f"{row['results'].get(b, {}).get('warmup_ms', float('nan')):.0f}"
-                        for b in ("torch_llga", "builtin_onednn"))
-        cells += [f"{r:.2f}x" if r else "-" for r in ratios] + [gflops, warm]
+        warmups = "/".join(f"{row['results'].get(b, {}).get('warmup_ms', float('nan')):.0f}" for b in warm)
+        cells += [f"{r:.2f}x" if r else "-" for r in ratios] + [gflops, warmups]
         lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
     ratios = [ratio(row, "builtin_onednn", "torch_llga") for row in rows]
     ratios = [r for r in ratios if r]
