@@ -184,8 +184,14 @@ def test_too_large_for_a_plan_goes_to_onednn():
 
 
 def test_matrix_vector_mlp_is_one_plan():
-    model, inputs = MODELS["mlp"](1)  # one row: 393K multiply-adds, under the matrix-vector limit
-    planned(model, *inputs, ops=["linear", "relu", "linear", "relu", "linear"])
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))  # one row: 80K multiply-adds
+    planned(model, torch.randn(1, 256), ops=["linear", "relu", "linear"])
+
+
+def test_wide_matrix_vector_mlp_goes_to_onednn():
+    model, inputs = MODELS["mlp"](1)  # 393K multiply-adds: its weights stream from memory, oneDNN is ahead
+    fused = Fused(model.eval(), inputs)
+    assert small_plans(fused.graph) == [] and len(fused.groups) == 3
 
 
 def test_an_op_without_a_step_leaves_the_graph_to_the_fuser():

@@ -8,6 +8,7 @@
 // Run time: one pointer per buffer, then the steps in order. Nothing is shared between calls but
 // the immutable program, so threads may run one plan at once.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/runtime/operator.h>
@@ -259,7 +260,32 @@ typedef float Vec8 __attribute__((vector_size(32)));
   return ((acc0[0] + acc0[4]) + (acc0[1] + acc0[5])) + ((acc0[2] + acc0[6]) + (acc0[3] + acc0[7])) + tail;
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void matmul(const Step& s, float* o, const float* a, const float* b, const float* bias) {
+// Output columns [j0, j1) of the matmul.
+[[gnu::always_inline]] inline float hsum(Vec8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// Four dot products of a with b[0..3] at once: a's loads are shared and eight sums are in flight
+// (one would wait on each add's latency: matrix-vector work was bound by it).
+[[gnu::always_inline]] inline void dot4_dense(const float* __restrict a, const float* const* b, int64_t n, float* out) {
+  Vec8 acc[4][2] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const Vec8 x0 = load8(a + i), x1 = load8(a + i + 8);
+    for (int c = 0; c < 4; ++c) {
+      acc[c][0] += x0 * load8(b[c] + i);
+      acc[c][1] += x1 * load8(b[c] + i + 8);
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    float tail = 0;
+    for (int64_t t = i; t < n; ++t) tail += a[t] * b[c][t];
+    out[c] = hsum(acc[c][0] + acc[c][1]) + tail;
+  }
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void matmul_columns(const Step& s, float* o, const float* a, const float* b,
+                                                                         const float* bias, int64_t j0, int64_t j1) {
   for (int64_t p = 0; p < s.batch; ++p) {
     const float* ap = a + p * s.as[0];
     const float* bp = b + p * s.bs[0];
@@ -267,16 +293,24 @@ typedef float Vec8 __attribute__((vector_size(32)));
     if (s.bs[1] != 1 && s.bs[2] == 1) {  // b's rows are dense: o[i, :] += a[i, k] * b[k, :]
       for (int64_t i = 0; i < s.m; ++i) {
         float* __restrict row = op + i * s.os[1];
-        for (int64_t j = 0; j < s.n; ++j) row[j] = 0;
+        for (int64_t j = j0; j < j1; ++j) row[j] = 0;
         for (int64_t k = 0; k < s.k; ++k) {
           const float x = ap[i * s.as[1] + k * s.as[2]];
           const float* __restrict brow = bp + k * s.bs[1];
-          for (int64_t j = 0; j < s.n; ++j) row[j] += x * brow[j];
+          for (int64_t j = j0; j < j1; ++j) row[j] += x * brow[j];
         }
       }
     } else {
-      for (int64_t i = 0; i < s.m; ++i)
-        for (int64_t j = 0; j < s.n; ++j) {
+      const bool dense = s.as[2] == 1 && s.bs[1] == 1;
+      for (int64_t i = 0; i < s.m; ++i) {
+        int64_t j = j0;
+        for (; dense && j + 4 <= j1; j += 4) {
+          const float* bj[4] = {bp + j * s.bs[2], bp + (j + 1) * s.bs[2], bp + (j + 2) * s.bs[2], bp + (j + 3) * s.bs[2]};
+          float acc[4];
+          dot4_dense(ap + i * s.as[1], bj, s.k, acc);
+          for (int c = 0; c < 4; ++c) op[i * s.os[1] + (j + c) * s.os[2]] = acc[c];
+        }
+        for (; j < j1; ++j) {
           const float* ai = ap + i * s.as[1];
           const float* bj = bp + j * s.bs[2];
           float acc;
@@ -288,11 +322,23 @@ typedef float Vec8 __attribute__((vector_size(32)));
           }
           op[i * s.os[1] + j * s.os[2]] = acc;
         }
+      }
     }
     if (s.has_bias)
       for (int64_t i = 0; i < s.m; ++i)
-        for (int64_t j = 0; j < s.n; ++j) op[i * s.os[1] + j * s.os[2]] += bias[i * s.bias_s[0] + j * s.bias_s[1]];
+        for (int64_t j = j0; j < j1; ++j) op[i * s.os[1] + j * s.os[2]] += bias[i * s.bias_s[0] + j * s.bias_s[1]];
   }
+}
+
+// Large enough matmuls are split by output columns over PyTorch's intra-op threads: matrix-vector
+// work streams its weights from memory, and two cores read twice as fast (MLP's 512x256 layer).
+void matmul(const Step& s, float* o, const float* a, const float* b, const float* bias) {
+  constexpr int64_t kParallelMacs = 32 * 1024;
+  const int64_t macs = s.batch * s.m * s.n * s.k;
+  if (macs < kParallelMacs || s.n < 32 || at::get_num_threads() < 2 || at::in_parallel_region())
+    return matmul_columns(s, o, a, b, bias, 0, s.n);
+  const int64_t grain = std::max<int64_t>(16, (s.n + at::get_num_threads() - 1) / at::get_num_threads());
+  at::parallel_for(0, s.n, grain, [&](int64_t j0, int64_t j1) { matmul_columns(s, o, a, b, bias, j0, j1); });
 }
 
 void run_plan(const SmallProgram& p, Stack& stack) {

@@ -17,14 +17,15 @@ namespace llga {
 inline const c10::Symbol kSmallPlan = c10::Symbol::fromQualString("llga::SmallPlan");
 
 // The limits of "small": past them oneDNN's kernels beat the plan's loops. Measured on two linear
-// layers with a relu, plan against oneDNN groups (AMD EPYC Zen 5, 2 threads): the plan's dot
-// products read each weight once per row, so with 1-4 rows (matrix-vector work) it is ahead up to
-// ~512K multiply-adds (1.56x at 4x128x128, 1.02x at 1x512x512); with 16 rows it is behind from
-// 128K (0.83x at 16x64x64, 0.52x at 64x64x64), even at 64K.
+// layers with a relu (rows x in x out), plan against oneDNN groups on a quiet AMD EPYC Zen 5,
+// 2 threads: the plan's dot products read each weight once per row, so with 1-4 rows
+// (matrix-vector work) it is ahead up to ~160K multiply-adds (2.19x at 1x128x128, 1.44x at
+// 1x256x256, 1.16x at 4x128x128; 0.91x at 1x256x512 and 2x256x256, where the weights stream from
+// memory and both are bound by it); with 16 rows it is behind from 128K (0.83x at 16x64x64).
 constexpr int64_t kSmallPlanMaxElements = 16 * 1024;     // per computed tensor
 constexpr int64_t kSmallPlanMaxMacs = 64 * 1024;         // multiply-adds of all matmuls together
 constexpr int64_t kSmallPlanMaxMatVecRows = 4;           // ... unless no matmul has more rows than this,
-constexpr int64_t kSmallPlanMaxMatVecMacs = 512 * 1024;  // then up to these
+constexpr int64_t kSmallPlanMaxMatVecMacs = 160 * 1024;  // then up to these
 
 struct SmallProgram;
 
