@@ -163,7 +163,11 @@ CASES = {
     "cat": (lambda m, x, y: torch.cat([x, y.relu(), x], -1), (torch.randn(3, 2), torch.randn(3, 4)), ["relu", "cat"]),
     "cat_dim0": (lambda m, x, y: torch.cat([x, y], 0).sigmoid(), (torch.randn(2, 4), torch.randn(3, 4)), ["cat", "sigmoid"]),
     "returns_a_view": (lambda m, x: (x + 1).t(), (torch.randn(3, 4),), ["add", "t"]),
-    "returns_an_input_view_and_a_tuple": (lambda m, x: (x * 2, x.t(), x * 2), (torch.randn(3, 4),), ["mul", "t", "mul"]),
+    "returns_a_tuple": (lambda m, x: (x * 2, x.t() + 1, x * 2), (torch.randn(3, 4),), ["mul", "t", "add", "mul"]),
+    # Rows behind size-1 dims, whose strides are arbitrary (review finding: rows were read at the
+    # stride of a size-1 dim, past the input's end).
+    "matmul_rows_behind_permuted_ones": (lambda m, x: torch.matmul(x.unsqueeze(1).unsqueeze(0).permute(1, 2, 0, 3), m.w.t()),
+                                         (torch.randn(3, 5),), ["unsqueeze", "unsqueeze", "permute", "matmul"]),
 }
 
 
@@ -192,6 +196,33 @@ def test_wide_matrix_vector_mlp_goes_to_onednn():
     model, inputs = MODELS["mlp"](1)  # 393K multiply-adds: its weights stream from memory, oneDNN is ahead
     fused = Fused(model.eval(), inputs)
     assert small_plans(fused.graph) == [] and len(fused.groups) == 3
+
+
+def test_matmul_rows_at_no_single_stride_stay_with_pytorch():
+    """[2, 1, 3, k] with strides [k, k, 2k, 1]: its 6 rows are at no one stride (review finding:
+    they were read at the stride of a size-1 dim, past the input's end)."""
+    w = torch.randn(5, 6)
+
+    def f(x):
+        return torch.matmul(x.transpose(0, 1).unsqueeze(2).permute(0, 2, 1, 3), w)
+
+    x = torch.randn(3, 2, 5)
+    fused = Fused(f, (x,))
+    assert small_plans(fused.graph) == []
+    torch.testing.assert_close(fused(x), f(x), **FP32)
+
+
+@pytest.mark.parametrize("f", [lambda x: (x.view(-1), x * 2), lambda x: (lambda y: (y, y.view(-1)))(x * 2)],
+                         ids=["view_of_input", "view_of_output"])
+def test_outputs_that_alias_stay_views(f):
+    """Eager returns a view of an input or of another output, which a caller may write through."""
+    x = torch.randn(3, 4)
+    fused = Fused(f, (x,))
+    assert small_plans(fused.graph) == []
+    outs = fused(x)
+    torch.testing.assert_close(outs, f(x))
+    if outs[0].data_ptr() != x.data_ptr():  # the second case: one output views the other
+        assert outs[0].data_ptr() == outs[1].data_ptr()
 
 
 def test_an_op_without_a_step_leaves_the_graph_to_the_fuser():

@@ -261,7 +261,7 @@ typedef float Vec8 __attribute__((vector_size(32)));
 }
 
 // Output columns [j0, j1) of the matmul.
-[[gnu::always_inline]] inline float hsum(Vec8 v) {
+[[gnu::always_inline]] inline float hsum(const Vec8& v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
@@ -426,7 +426,11 @@ class Compiler {
         continue;
       }
       Layout l = layouts_.at(v);
-      if (l.ref.space != kOutput || owner_.at(l.ref.index) != v) {  // a view, an input or a constant: copied out
+      // Eager returns a view of an input (or of another output) as a view, which a caller may
+      // write through: such graphs stay with the interpreter.
+      if (l.ref.space == kInput || (l.ref.space == kOutput && owner_.at(l.ref.index) != v))
+        return fail("an output is a view of an input or of another output");
+      if (l.ref.space != kOutput) {  // a view of an intermediate or a constant: copied out
         Layout copy = new_output(l.sizes, v);
         elementwise_step(Fn::kCopy, copy, {&l});
         l = copy;
@@ -512,7 +516,7 @@ class Compiler {
   }
 
   // The layout of a computed value: its own output tensor if the subgraph returns it, else a place
-  // in the scratch area (64-byte aligned).
+  // in the scratch area (places 16 floats apart: loads use memcpy, no alignment is assumed).
   Layout produce(const Value* v, const std::vector<int64_t>& sizes) {
     Layout l;
     if (wanted_.count(v)) {
@@ -751,14 +755,25 @@ class Compiler {
       s.batch = a.sizes[0];
       s.m = a.sizes[1];
       s.as[0] = a.strides[0], s.bs[0] = b.strides[0];
+      s.as[1] = a.strides[1];
     } else {
-      // Leading dims folded into m: they must step as one with m (rows at a fixed stride).
+      // The leading dims folded into m rows at one stride: walked from the inside out, size-1
+      // dims skipped (their strides are arbitrary: unsqueeze, permute), each other dim must step
+      // as one with those inside it.
       s.m = 1;
-      for (size_t d = 0; d + 1 < ra; ++d) s.m *= a.sizes[d];
-      for (size_t d = 0; d + 2 < ra; ++d)
-        if (a.sizes[d] != 1 && a.strides[d] != a.strides[d + 1] * a.sizes[d + 1]) return fail("a matmul over strided rows");
+      s.as[1] = a.strides[ra - 2];
+      int64_t expected = -1;  // the stride the next dim of size > 1 must have
+      for (size_t d = ra - 1; d-- > 0;) {
+        s.m *= a.sizes[d];
+        if (a.sizes[d] == 1) continue;
+        if (expected < 0)
+          s.as[1] = a.strides[d];
+        else if (a.strides[d] != expected)
+          return fail("a matmul over strided rows");
+        expected = a.strides[d] * a.sizes[d];
+      }
     }
-    s.as[1] = a.strides[ra - 2], s.as[2] = a.strides[ra - 1];
+    s.as[2] = a.strides[ra - 1];
     s.bs[1] = b.strides[rb - 2], s.bs[2] = b.strides[rb - 1];
     if (!within_limits(n, out_sizes)) return false;
     macs_ += s.batch * s.m * s.n * s.k;
