@@ -1,3 +1,4 @@
+import threading
 import warnings
 
 import pytest
@@ -77,6 +78,26 @@ def check(model, *inputs, groups, freeze=True, **tol):
     else:
         assert fused.groups == groups, f"groups {fused.groups}, unfused {fused.unfused}\n{fused.graph}"
     return fused
+
+
+def run_in_threads(worker, n=8):
+    """worker(i) for i in range(n), each in its own thread, all at once; re-raises the first
+    exception any of them raised."""
+    errors = []
+
+    def guarded(i):
+        try:
+            worker(i)
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 @pytest.fixture

@@ -1,6 +1,4 @@
 """Small-graph plans: a whole graph of tiny fp32 tensors runs as one llga::SmallPlan step (small_plan.h)."""
-import threading
-
 import pytest
 import torch
 import torch.nn as nn
@@ -10,7 +8,7 @@ import torch_llga
 from torch_llga.bench_models import MODELS
 from torch_llga.report import small_plans
 
-from conftest import FP32, Fused
+from conftest import FP32, Fused, run_in_threads
 
 pytestmark = pytest.mark.small_plan
 
@@ -106,21 +104,14 @@ def test_eight_threads():
     batches = [tuple(torch.randn(x.shape) for x in inputs) for _ in range(8)]
     with torch.no_grad():
         expected = [model(*b) for b in batches]
-    errors = []
+    before = torch_llga.stats()["plan_runs"]
 
     def run(i):
-        try:
-            for _ in range(200):
-                torch.testing.assert_close(fused(*batches[i]), expected[i], **FP32)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(200):
+            torch.testing.assert_close(fused(*batches[i]), expected[i], **FP32)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(run, 8)
+    assert torch_llga.stats()["plan_runs"] - before == 8 * 200
 
 
 class Ops(nn.Module):

@@ -4,13 +4,12 @@ the single-thread one.
 oneDNN compiled partitions must not execute on two threads at once (a known oneDNN double free);
 the kernel serializes execution per compiled partition (its cost: see README, Guarantees).
 """
-import threading
 
 import torch
 import torch.nn as nn
 
 import torch_llga
-from conftest import check, SOME
+from conftest import check, run_in_threads, SOME
 
 
 def test_eight_threads_500_calls_each():
@@ -20,23 +19,16 @@ def test_eight_threads_500_calls_each():
     fused = check(model, inputs[0], rtol=1e-4, atol=1e-4, groups=SOME)
     assert len(fused.groups) >= 2
     expected = [fused(x) for x in inputs]  # single-thread results, one input per thread
-    errors, mismatches = [], []
+    mismatches = []
     before = torch_llga.stats()
 
     def worker(i):
-        try:
-            for _ in range(500):
-                if not torch.equal(fused(inputs[i]), expected[i]):
-                    mismatches.append(i)
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for _ in range(500):
+            if not torch.equal(fused(inputs[i]), expected[i]):
+                mismatches.append(i)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, 8)
     after = torch_llga.stats()
-    assert not errors and not mismatches
+    assert not mismatches
     assert after["executions"] - before["executions"] == 8 * 500 * len(fused.groups)
     assert after["guard_failures"] == before["guard_failures"]
