@@ -239,3 +239,16 @@ def test_explain_names_the_plan():
     report = torch_llga.explain(model, *inputs, verbose=False)
     assert report.plans == [DEEP_AND_WIDE_OPS] and report.unfused == [] and report.fused_share == 1.0
     assert "small-graph plan: 10 ops run as one native step" in str(report)
+
+
+def test_through_torch_compile():
+    """The torch.compile backend freezes each FX graph to TorchScript: DeepAndWide's is one plan too."""
+    model, inputs = MODELS["deep_and_wide_64"](1)
+    compiled = torch.compile(model.eval(), backend="torch_llga")
+    with torch.no_grad():
+        for _ in range(3):  # compile, profiling run, planned run
+            compiled(*inputs)
+        before = torch_llga.stats()["plan_runs"]
+        out = compiled(*inputs)
+        torch.testing.assert_close(out, model(*inputs), **FP32)
+    assert torch_llga.stats()["plan_runs"] - before == 1
