@@ -34,7 +34,7 @@ bool plain_memory(const at::Tensor& t) {
 
 bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes, bool plain) {
   if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
-  if (plain && is_llga_tensor(t)) return false;
+  if (plain && (is_llga_tensor(t) || !t.has_storage())) return false;  // a plan reads the memory itself
   if (!is_llga_tensor(t) && !plain_memory(t)) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
   if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
