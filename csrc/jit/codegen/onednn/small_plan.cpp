@@ -265,7 +265,7 @@ typedef float Vec8 __attribute__((vector_size(32)));
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-// Four dot products of a with b[0..3] at once: a's loads are shared and eight sums are in flight
+// Four dot products of a with b[0..3] at once (a column with four rows, or a row with four columns): a's loads are shared and eight sums are in flight
 // (one would wait on each add's latency: matrix-vector work was bound by it).
 [[gnu::always_inline]] inline void dot4_dense(const float* __restrict a, const float* const* b, int64_t n, float* out) {
   Vec8 acc[4][2] = {};
@@ -302,7 +302,17 @@ typedef float Vec8 __attribute__((vector_size(32)));
       }
     } else {
       const bool dense = s.as[2] == 1 && s.bs[1] == 1;
-      for (int64_t i = 0; i < s.m; ++i) {
+      int64_t i0 = 0;
+      if (dense && j1 - j0 < 4) {  // a column or few (DeepAndWide's [64, 51] x [51, 1]): four rows at a time
+        for (; i0 + 4 <= s.m; i0 += 4)
+          for (int64_t j = j0; j < j1; ++j) {
+            const float* rows[4] = {ap + i0 * s.as[1], ap + (i0 + 1) * s.as[1], ap + (i0 + 2) * s.as[1], ap + (i0 + 3) * s.as[1]};
+            float acc[4];
+            dot4_dense(bp + j * s.bs[2], rows, s.k, acc);
+            for (int r = 0; r < 4; ++r) op[(i0 + r) * s.os[1] + j * s.os[2]] = acc[r];
+          }
+      }
+      for (int64_t i = i0; i < s.m; ++i) {
         int64_t j = j0;
         for (; dense && j + 4 <= j1; j += 4) {
           const float* bj[4] = {bp + j * s.bs[2], bp + (j + 1) * s.bs[2], bp + (j + 2) * s.bs[2], bp + (j + 3) * s.bs[2]};
