@@ -19,6 +19,9 @@ on a few random batches); eager, torchscript, builtin_onednn and torch_llga run 
 native int8 kernels, traced and frozen: what a PyTorch user picks today), torchscript_fp32 the fp32
 model, torch_llga_fast torch_llga with TORCH_LLGA_INT8_EXACT=0 (residual adds as conv post-ops, their
 requantization dropped). Differences are to the eager reference model.
+
+torch_llga_no_plans: torch_llga with small-graph plans off (oneDNN groups only), to see what the
+plans change in the same run.
 """
 import argparse
 import contextlib
@@ -39,8 +42,9 @@ import torch_llga
 from torch_llga.bench_models import MODELS
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
-            "torchscript_fp32", "torch_llga_fast", "openvino", "onnxruntime"]
+            "torchscript_fp32", "torch_llga_fast", "openvino", "onnxruntime", "torch_llga_no_plans"]
 INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast"}
+NOT_DEFAULT = INT8_ONLY | {"torch_llga_no_plans"}  # asked for by name
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 # Untimed calls before each sample, for this long: ONNX Runtime's worker threads spin 40-75 ms after
 # its last call (measured here), on a core the backend timed next needs (2x slower ResNet-18 calls).
@@ -77,6 +81,8 @@ class Backend:
     def switch(self):
         if self.name in ("torch_llga", "torch_llga_fast"):
             return torch_llga.enabled()
+        if self.name == "torch_llga_no_plans":
+            return without_small_plans()
         if self.name == "builtin_onednn":
             return BuiltinFuser()
         return torch_llga.enabled(False)
@@ -92,6 +98,18 @@ class Backend:
             for _ in range(repeat):
                 self.fn(*self.inputs)
             return (time.perf_counter() - t) * 1e3 / repeat
+
+
+@contextlib.contextmanager
+def without_small_plans():
+    """torch_llga on, small-graph plans off, while the pass runs (and plans are read)."""
+    previous = torch_llga._C._small_plans()
+    torch_llga._C._set_small_plans(False)
+    try:
+        with torch_llga.enabled():
+            yield
+    finally:
+        torch_llga._C._set_small_plans(previous)
 
 
 @contextlib.contextmanager
@@ -272,7 +290,7 @@ def ratio(row, base, b):
 def ratio_columns(backends):
     """(heading, baseline backend) of the "torch_llga vs ..." columns: the baselines in this run."""
     cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32"),
-            ("OpenVINO", "openvino"), ("ORT", "onnxruntime")]
+            ("OpenVINO", "openvino"), ("ORT", "onnxruntime"), ("no plans", "torch_llga_no_plans")]
     return [(h, b) for h, b in cols if b in backends]
 
 
@@ -335,7 +353,7 @@ def main(argv=None):
                         "deep_and_wide,deep_and_wide_64,lld6,xml_cnn,mlp,conv3x3_512",
                         help="comma-separated, from: " + ", ".join(MODELS))
     parser.add_argument("--backends", help="comma-separated, from: " + ", ".join(BACKENDS) +
-                        f"; default: all but {', '.join(sorted(INT8_ONLY))} ({INT8_DEFAULT_BACKENDS} with --dtype int8)")
+                        f"; default: all but {', '.join(sorted(NOT_DEFAULT))} ({INT8_DEFAULT_BACKENDS} with --dtype int8)")
     parser.add_argument("--batch", type=int, default=1, help="batch multiplier (models keep their own base batch)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
@@ -346,7 +364,7 @@ def main(argv=None):
 
     models = [m for m in args.models.split(",") if m]
     if args.backends is None:
-        args.backends = INT8_DEFAULT_BACKENDS if args.dtype == "int8" else ",".join(b for b in BACKENDS if b not in INT8_ONLY)
+        args.backends = INT8_DEFAULT_BACKENDS if args.dtype == "int8" else ",".join(b for b in BACKENDS if b not in NOT_DEFAULT)
     backends = [b for b in args.backends.split(",") if b]
     for m in models:
         if m not in MODELS:
