@@ -356,18 +356,18 @@ void run_plan(const SmallProgram& p, Stack& stack) {
   // The scratch area of this thread (a plan runs to its end before its thread runs another).
   thread_local std::vector<float> scratch;
   if (static_cast<int64_t>(scratch.size()) < p.scratch_floats) scratch.resize(p.scratch_floats);
-  std::vector<float*> inputs(p.inputs), constants(p.constants.size()), outputs(n_out);
+  // On the stack: a call allocates only its outputs (and dense copies of strided inputs).
+  c10::SmallVector<float*, 8> inputs(p.inputs), constants(p.constants.size()), outputs(n_out);
   auto args = torch::jit::last(stack, p.inputs);
   // The layouts assume dense inputs: others (a transposed or sliced view) are copied so first,
   // once per call, which for tensors this small costs less than a fallback to the interpreter.
-  std::vector<at::Tensor> dense(p.inputs);
+  c10::SmallVector<at::Tensor, 8> dense(p.inputs);
   for (size_t i = 0; i < p.inputs; ++i) {
     dense[i] = args[i].toTensor().contiguous();
     inputs[i] = const_cast<float*>(dense[i].const_data_ptr<float>());
   }
   for (size_t i = 0; i < p.constants.size(); ++i) constants[i] = const_cast<float*>(p.constants[i].const_data_ptr<float>());
-  std::vector<at::Tensor> results;
-  results.reserve(n_out);
+  c10::SmallVector<at::Tensor, 4> results;
   for (size_t i = 0; i < n_out; ++i) {
     results.push_back(at::empty(p.output_sizes[i], at::TensorOptions().dtype(at::kFloat)));
     outputs[i] = results.back().data_ptr<float>();
