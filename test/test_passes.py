@@ -1,5 +1,6 @@
 """Each pass of the pipeline alone, IR in and IR out (torch_llga._C._jit_pass_*), checked with
 FileCheck: what the pass must do to a small graph with profiled types, as the pipeline sees it."""
+import pytest
 import torch
 from torch.testing import FileCheck
 
@@ -90,6 +91,23 @@ graph(%x : {F32}, %w1 : Float(16, 8, strides=[8, 1], requires_grad=0, device=cpu
   %r : Float(2, 16, strides=[16, 1], requires_grad=0, device=cpu) = aten::relu(%h)
   %y : Float(2, 4, strides=[4, 1], requires_grad=0, device=cpu) = aten::linear(%r, %w2, %none)
   return (%y)"""
+
+
+@pytest.mark.small_plan
+def test_plan_small_graph():
+    # A whole graph of tiny tensors -> one llga::SmallPlan; with an op it has no step for, unchanged.
+    small = f"""
+graph(%x : {F32}, %y : {F32}):
+  %one : int = prim::Constant[value=1]()
+  %a : {F32} = aten::add(%x, %y, %one)
+  %b : {F32} = aten::{{op}}(%a)
+  return (%b)"""
+    g = run("plan_small_graph", small.format(op="relu"))
+    assert [n.kind() for n in g.nodes() if n.kind() != "prim::Constant"] == ["llga::SmallPlan"]
+    assert [n.kind() for n in g.findNode("llga::SmallPlan").g("Subgraph").nodes() if n.kind().startswith("aten::")] == \
+        ["aten::add", "aten::relu"]
+    g = run("plan_small_graph", small.format(op="erf"))  # no step for erf
+    assert [n.kind() for n in g.nodes() if n.kind() != "prim::Constant"] == ["aten::add", "aten::erf"]
 
 
 def test_fuse_graph():

@@ -174,8 +174,10 @@ def test_ops(case):
 
 def test_too_large_for_a_plan_goes_to_onednn():
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))  # 16 rows: 131K multiply-adds
-    fused = Fused(model.eval(), (torch.randn(16, 64),))
+    x = torch.randn(16, 64)
+    fused = Fused(model.eval(), (x,))
     assert small_plans(fused.graph) == [] and fused.groups == [["linear", "relu"], ["linear"]]
+    torch.testing.assert_close(fused(x), model(x), **FP32)
 
 
 def test_matrix_vector_mlp_is_one_plan():
@@ -187,6 +189,7 @@ def test_wide_matrix_vector_mlp_goes_to_onednn():
     model, inputs = MODELS["mlp"](1)  # 393K multiply-adds: its weights stream from memory, oneDNN is ahead
     fused = Fused(model.eval(), inputs)
     assert small_plans(fused.graph) == [] and len(fused.groups) == 3
+    torch.testing.assert_close(fused(*inputs), model(*inputs), **FP32)
 
 
 def test_matmul_rows_at_no_single_stride_stay_with_pytorch():
@@ -232,6 +235,7 @@ def test_off_switch():
     fused = Fused(model.eval(), inputs)
     assert small_plans(fused.graph) == []
     assert torch_llga.config()["small_plans"] is False
+    torch.testing.assert_close(fused(*inputs), model(*inputs), **FP32)
 
 
 def test_explain_names_the_plan():

@@ -41,8 +41,7 @@ const auto registered = torch::jit::registerPrePass([](std::shared_ptr<Graph>& g
 // out only for profiled q, k, v and mask, and the ops small-graph plans have steps for.
 const bool profiled_table_ops = [] {
   torch::jit::RegisterProfilingNode([](const Node* n) {
-    return n->kind() == c10::aten::scaled_dot_product_attention || find_entry(n) != nullptr ||
-           (n->kind() != c10::prim::Constant && n->kind() != c10::prim::ListConstruct && small_plan_has_step(n));
+    return n->kind() == c10::aten::scaled_dot_product_attention || find_entry(n) != nullptr || small_plan_has_step(n);
   });
   return true;
 }();

@@ -21,10 +21,10 @@ namespace llga {
 
 namespace {
 
-// Cheap checks before any change to the graph: an op the plan has a step for, and every tensor
-// it computes within the plan's element limit.
+// Cheap checks before any change to the graph: an op the plan has a step for (or a list that
+// cat reads), and every tensor it computes within the plan's element limit.
 bool may_plan(const Node* n) {
-  if (!small_plan_has_step(n)) return false;
+  if (n->kind() != c10::prim::ListConstruct && !small_plan_has_step(n)) return false;
   for (const Value* v : n->outputs()) {
     auto t = v->type()->cast<torch::jit::TensorType>();
     if (!t) continue;

@@ -51,11 +51,7 @@ struct Ref {
 struct Layout {
   Ref ref;
   std::vector<int64_t> sizes, strides;
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t s : sizes) n *= s;
-    return n;
-  }
+  int64_t numel() const { return c10::multiply_integers(sizes); }
 };
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
@@ -106,7 +102,8 @@ struct Step {
 
 struct SmallProgram {
   size_t inputs = 0;
-  std::vector<at::Tensor> constants;
+  std::vector<at::Tensor> constants;  // held (frozen: never written)
+  std::vector<float*> constant_data;  // their memory, read once at compile time
   int64_t scratch_floats = 0;
   std::vector<std::vector<int64_t>> output_sizes;  // one per output buffer
   std::vector<int> outputs;                        // per subgraph output, its output buffer
@@ -243,6 +240,10 @@ typedef float Vec8 __attribute__((vector_size(32)));
   return v;
 }
 
+[[gnu::always_inline]] inline float hsum(const Vec8& v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
 [[gnu::always_inline]] inline float dot_dense(const float* __restrict a, const float* __restrict b, int64_t n) {
   Vec8 acc0 = {}, acc1 = {};
   int64_t i = 0;
@@ -254,19 +255,14 @@ typedef float Vec8 __attribute__((vector_size(32)));
     acc0 += load8(a + i) * load8(b + i);
     i += 8;
   }
-  acc0 += acc1;
   float tail = 0;
   for (; i < n; ++i) tail += a[i] * b[i];
-  return ((acc0[0] + acc0[4]) + (acc0[1] + acc0[5])) + ((acc0[2] + acc0[6]) + (acc0[3] + acc0[7])) + tail;
+  return hsum(acc0 + acc1) + tail;
 }
 
-// Output columns [j0, j1) of the matmul.
-[[gnu::always_inline]] inline float hsum(const Vec8& v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
-
-// Four dot products of a with b[0..3] at once (a column with four rows, or a row with four columns): a's loads are shared and eight sums are in flight
-// (one would wait on each add's latency: matrix-vector work was bound by it).
+// Four dot products of a with b[0..3] at once (a row with four columns, or a column with four
+// rows): a's loads are shared and eight sums are in flight (one would wait on each add's latency:
+// matrix-vector work was bound by it).
 [[gnu::always_inline]] inline void dot4_dense(const float* __restrict a, const float* const* b, int64_t n, float* out) {
   Vec8 acc[4][2] = {};
   int64_t i = 0;
@@ -284,6 +280,7 @@ typedef float Vec8 __attribute__((vector_size(32)));
   }
 }
 
+// Output columns [j0, j1) of the matmul.
 [[gnu::target_clones("avx512f", "avx2", "default")]] void matmul_columns(const Step& s, float* o, const float* a, const float* b,
                                                                          const float* bias, int64_t j0, int64_t j1) {
   for (int64_t p = 0; p < s.batch; ++p) {
@@ -324,7 +321,7 @@ typedef float Vec8 __attribute__((vector_size(32)));
           const float* ai = ap + i * s.as[1];
           const float* bj = bp + j * s.bs[2];
           float acc;
-          if (s.as[2] == 1 && s.bs[1] == 1) {
+          if (dense) {
             acc = dot_dense(ai, bj, s.k);
           } else {
             acc = 0;
@@ -357,7 +354,7 @@ void run_plan(const SmallProgram& p, Stack& stack) {
   thread_local std::vector<float> scratch;
   if (static_cast<int64_t>(scratch.size()) < p.scratch_floats) scratch.resize(p.scratch_floats);
   // On the stack: a call allocates only its outputs (and dense copies of strided inputs).
-  c10::SmallVector<float*, 8> inputs(p.inputs), constants(p.constants.size()), outputs(n_out);
+  c10::SmallVector<float*, 8> inputs(p.inputs), outputs(n_out);
   auto args = torch::jit::last(stack, p.inputs);
   // The layouts assume dense inputs: others (a transposed or sliced view) are copied so first,
   // once per call, which for tensors this small costs less than a fallback to the interpreter.
@@ -366,7 +363,6 @@ void run_plan(const SmallProgram& p, Stack& stack) {
     dense[i] = args[i].toTensor().contiguous();
     inputs[i] = const_cast<float*>(dense[i].const_data_ptr<float>());
   }
-  for (size_t i = 0; i < p.constants.size(); ++i) constants[i] = const_cast<float*>(p.constants[i].const_data_ptr<float>());
   c10::SmallVector<at::Tensor, 4> results;
   for (size_t i = 0; i < n_out; ++i) {
     results.push_back(at::empty(p.output_sizes[i], at::TensorOptions().dtype(at::kFloat)));
@@ -375,7 +371,7 @@ void run_plan(const SmallProgram& p, Stack& stack) {
   auto ptr = [&](const Ref& r) -> float* {
     switch (r.space) {
       case kInput: return inputs[r.index] + r.offset;
-      case kConstant: return constants[r.index] + r.offset;
+      case kConstant: return p.constant_data[r.index] + r.offset;
       case kScratch: return scratch.data() + r.offset;
       case kOutput: return outputs[r.index] + r.offset;
     }
@@ -408,17 +404,9 @@ class Compiler {
     for (const Value* v : g_.outputs()) wanted_.insert(v);
     for (const Node* n : g_.nodes()) {
       if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct) continue;
-      auto rule = rules().find(n->kind());
-      const torch::jit::Operator* op = n->maybeOperator() ? &n->getOperator() : nullptr;
-      bool done = false;
-      if (rule != rules().end() && op)
-        for (const auto& [schema, handle] : rule->second)
-          if (schema->schema() == op->schema()) {
-            if (!handle(*this, n)) return false;
-            done = true;
-            break;
-          }
-      if (!done) return fail(std::string(n->kind().toQualString()) + " has no step in the small-graph plan");
+      const Handler* handle = find_handler(n);
+      if (!handle) return fail(std::string(n->kind().toQualString()) + " has no step in the small-graph plan");
+      if (!(*handle)(*this, n)) return false;
       for (const Value* v : n->outputs()) {
         auto sizes = profiled_sizes(v);
         if (!sizes || !layouts_.count(v) || layouts_.at(v).sizes != *sizes)
@@ -449,22 +437,24 @@ class Compiler {
       p_.outputs.push_back(l.ref.index);
     }
     p_.scratch_floats = scratch_;
+    for (const at::Tensor& t : p_.constants) p_.constant_data.push_back(const_cast<float*>(t.const_data_ptr<float>()));
     return true;
   }
 
   const std::string& why() const { return why_; }
 
-  static bool has_step(const Node* n) {
-    if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct) return true;
+  using Handler = std::function<bool(Compiler&, const Node*)>;
+
+  // The table's handler for n's schema, if any.
+  static const Handler* find_handler(const Node* n) {
     auto rule = rules().find(n->kind());
-    if (rule == rules().end() || !n->maybeOperator()) return false;
-    for (const auto& entry : rule->second)
-      if (entry.first->schema() == n->getOperator().schema()) return true;
-    return false;
+    if (rule == rules().end() || !n->maybeOperator()) return nullptr;
+    for (const auto& [op, handle] : rule->second)
+      if (op->schema() == n->getOperator().schema()) return &handle;
+    return nullptr;
   }
 
  private:
-  using Handler = std::function<bool(Compiler&, const Node*)>;
   using Rules = std::unordered_map<c10::Symbol, std::vector<std::pair<std::shared_ptr<torch::jit::Operator>, Handler>>>;
 
   bool fail(std::string reason) {
@@ -480,7 +470,8 @@ class Compiler {
     return sizes;
   }
 
-  // A tensor operand: its layout (a constant tensor is held by the program).
+  // A tensor operand: its layout (a constant tensor is held by the program). The pointer stays
+  // valid while more layouts are added (an unordered_map does not move its elements).
   const Layout* operand(const Value* v) {
     if (auto it = layouts_.find(v); it != layouts_.end()) return &it->second;
     auto c = torch::jit::toIValue(v);
@@ -513,6 +504,12 @@ class Compiler {
     return c->toInt();
   }
 
+  // d as a dim of `rank` dims (negative counts from the end), if it is one.
+  static std::optional<int64_t> wrap_dim(std::optional<int64_t> d, int64_t rank) {
+    if (!d || *d < -rank || *d >= rank) return std::nullopt;
+    return *d < 0 ? *d + rank : *d;
+  }
+
   static std::optional<std::vector<int64_t>> int_list(const Value* v) {
     auto c = torch::jit::toIValue(v);
     if (!c || !c->isIntList()) return std::nullopt;
@@ -528,20 +525,17 @@ class Compiler {
   // The layout of a computed value: its own output tensor if the subgraph returns it, else a place
   // in the scratch area (places 16 floats apart: loads use memcpy, no alignment is assumed).
   Layout produce(const Value* v, const std::vector<int64_t>& sizes) {
-    Layout l;
-    if (wanted_.count(v)) {
-      l = new_output(sizes, v);
-    } else {
-      l = Layout{{kScratch, 0, scratch_}, sizes, contiguous_strides(sizes)};
-      scratch_ += (l.numel() + 15) / 16 * 16;
-    }
-    return layouts_[v] = l;
+    return layouts_[v] = wanted_.count(v) ? new_output(sizes, v) : scratch_layout(sizes);
+  }
+
+  Layout scratch_layout(const std::vector<int64_t>& sizes) {
+    Layout l{{kScratch, 0, scratch_}, sizes, contiguous_strides(sizes)};
+    scratch_ += (l.numel() + 15) / 16 * 16;
+    return l;
   }
 
   bool within_limits(const Node* n, const std::vector<int64_t>& sizes) {
-    int64_t numel = 1;
-    for (int64_t s : sizes) numel *= s;
-    if (numel > kSmallPlanMaxElements)
+    if (c10::multiply_integers(sizes) > kSmallPlanMaxElements)
       return fail(std::string(n->kind().toQualString()) + " computes more than " + std::to_string(kSmallPlanMaxElements) + " elements");
     return true;
   }
@@ -601,22 +595,18 @@ class Compiler {
     const Layout* x = operand(n->input(0));
     if (!x) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
     if (!within_limits(n, x->sizes)) return false;
-    Layout in = *x;  // produce() may move the map's storage
-    elementwise_step(fn, produce(n->output(), in.sizes), {&in}, alpha, lo, hi);
+    elementwise_step(fn, produce(n->output(), x->sizes), {x}, alpha, lo, hi);
     return true;
   }
 
   bool binary_op(const Node* n, Fn fn, float alpha = 1) {
     const Layout* x = operand(n->input(0));
-    if (!x) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
-    Layout a = *x;
     const Layout* y = operand(n->input(1));
-    if (!y) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
-    Layout b = *y;
-    auto sizes = broadcast(a.sizes, b.sizes);
+    if (!x || !y) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
+    auto sizes = broadcast(x->sizes, y->sizes);
     if (!sizes) return fail("operands that do not broadcast");
     if (!within_limits(n, *sizes)) return false;
-    elementwise_step(fn, produce(n->output(), *sizes), {&a, &b}, alpha);
+    elementwise_step(fn, produce(n->output(), *sizes), {x, y}, alpha);
     return true;
   }
 
@@ -638,6 +628,26 @@ class Compiler {
     return unary_op(n, Fn::kClamp, 1, *lo, *hi);
   }
 
+  bool relu6(const Node* n) { return unary_op(n, Fn::kClamp, 1, 0, 6); }
+
+  bool leaky_relu(const Node* n) {
+    auto slope = number(n->input(1));
+    return slope ? unary_op(n, Fn::kLeakyRelu, static_cast<float>(*slope)) : fail("leaky_relu slope is not a constant");
+  }
+
+  bool elu(const Node* n) {
+    auto alpha = number(n->input(1)), scale = number(n->input(2)), input_scale = number(n->input(3));
+    if (!alpha || scale != 1.0 || input_scale != 1.0) return fail("elu with a scale");
+    return unary_op(n, Fn::kElu, static_cast<float>(*alpha));
+  }
+
+  bool gelu(const Node* n) {
+    auto mode = torch::jit::toIValue(n->input(1));
+    if (mode && mode->isString() && mode->toStringRef() == "none") return unary_op(n, Fn::kGelu);
+    if (mode && mode->isString() && mode->toStringRef() == "tanh") return unary_op(n, Fn::kGeluTanh);
+    return fail("gelu of an unknown approximation");
+  }
+
   // A view: a new layout over the source's memory.
   bool view(const Node* n, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
     Layout src = layouts_.at(n->input(0));
@@ -651,10 +661,8 @@ class Compiler {
     const Layout* x = operand(n->input(0));
     if (!x) return std::nullopt;
     if (is_contiguous(*x)) return *x;
-    Layout src = *x;
-    Layout copy{{kScratch, 0, scratch_}, src.sizes, contiguous_strides(src.sizes)};
-    scratch_ += (copy.numel() + 15) / 16 * 16;
-    elementwise_step(Fn::kCopy, copy, {&src});
+    Layout copy = scratch_layout(x->sizes);
+    elementwise_step(Fn::kCopy, copy, {x});
     return copy;
   }
 
@@ -664,54 +672,59 @@ class Compiler {
     auto sizes = profiled_sizes(n->output());
     auto src = dense(n);
     if (!sizes || !src) return fail("a reshape of unknown sizes");
-    int64_t numel = 1;
-    for (int64_t s : *sizes) numel *= s;
-    if (numel != src->numel()) return fail("a reshape that changes the number of elements");
+    if (c10::multiply_integers(*sizes) != src->numel()) return fail("a reshape that changes the number of elements");
     layouts_[n->output()] = Layout{src->ref, *sizes, contiguous_strides(*sizes)};
     return true;
   }
 
-  bool permute(const Node* n, const std::vector<int64_t>& order) {
+  // The source's dims in `order` (each once).
+  bool permuted(const Node* n, const std::vector<int64_t>& order) {
     const Layout* x = operand(n->input(0));
     if (!x || order.size() != x->sizes.size()) return fail("a permutation of another rank");
+    const int64_t r = static_cast<int64_t>(order.size());
     std::vector<int64_t> sizes, strides;
-    std::vector<bool> seen(order.size());
+    std::vector<bool> seen(r);
     for (int64_t d : order) {
-      int64_t r = static_cast<int64_t>(order.size());
-      if (d < -r || d >= r || seen[(d + r) % r]) return fail("a permutation that is none");
-      seen[(d + r) % r] = true;
-      sizes.push_back(x->sizes[(d + r) % r]);
-      strides.push_back(x->strides[(d + r) % r]);
+      auto at = wrap_dim(d, r);
+      if (!at || seen[*at]) return fail("a permutation that is none");
+      seen[*at] = true;
+      sizes.push_back(x->sizes[*at]);
+      strides.push_back(x->strides[*at]);
     }
     return view(n, sizes, strides);
   }
 
+  bool permute(const Node* n) {
+    auto order = int_list(n->input(1));
+    return order ? permuted(n, *order) : fail("permute of unknown dims");
+  }
+
   bool transpose(const Node* n) {
     const Layout* x = operand(n->input(0));
-    auto d0 = int_arg(n->input(1)), d1 = int_arg(n->input(2));
-    if (!x || !d0 || !d1) return fail("transpose of unknown dims");
-    int64_t r = static_cast<int64_t>(x->sizes.size());
-    if (*d0 < -r || *d0 >= r || *d1 < -r || *d1 >= r) return fail("transpose dims out of range");
+    if (!x) return fail("transpose of no float tensor");
+    const int64_t r = static_cast<int64_t>(x->sizes.size());
+    auto d0 = wrap_dim(int_arg(n->input(1)), r), d1 = wrap_dim(int_arg(n->input(2)), r);
+    if (!d0 || !d1) return fail("transpose of unknown dims");
     std::vector<int64_t> order(r);
     for (int64_t i = 0; i < r; ++i) order[i] = i;
-    std::swap(order[(*d0 + r) % r], order[(*d1 + r) % r]);
-    return permute(n, order);
+    std::swap(order[*d0], order[*d1]);
+    return permuted(n, order);
   }
 
   bool t(const Node* n) {
     const Layout* x = operand(n->input(0));
     if (!x || x->sizes.size() > 2) return fail("t() of more than 2 dims");
     if (x->sizes.size() < 2) return view(n, x->sizes, x->strides);
-    return permute(n, {1, 0});
+    return permuted(n, {1, 0});
   }
 
   bool unsqueeze(const Node* n) {
     const Layout* x = operand(n->input(0));
-    auto d = int_arg(n->input(1));
-    if (!x || !d) return fail("unsqueeze of an unknown dim");
-    int64_t r = static_cast<int64_t>(x->sizes.size()) + 1;
-    if (*d < -r || *d >= r) return fail("unsqueeze dim out of range");
-    int64_t at = (*d + r) % r;
+    if (!x) return fail("unsqueeze of no float tensor");
+    const int64_t r = static_cast<int64_t>(x->sizes.size()) + 1;
+    auto d = wrap_dim(int_arg(n->input(1)), r);
+    if (!d) return fail("unsqueeze of an unknown dim");
+    const int64_t at = *d;
     std::vector<int64_t> sizes = x->sizes, strides = x->strides;
     int64_t stride = at < r - 1 ? sizes[at] * strides[at] : 1;
     sizes.insert(sizes.begin() + at, 1);
@@ -721,16 +734,15 @@ class Compiler {
 
   bool squeeze(const Node* n) {
     const Layout* x = operand(n->input(0));
-    auto d = int_arg(n->input(1));
-    if (!x || !d) return fail("squeeze of an unknown dim");
-    int64_t r = static_cast<int64_t>(x->sizes.size());
+    if (!x) return fail("squeeze of no float tensor");
+    const int64_t r = static_cast<int64_t>(x->sizes.size());
     if (r == 0) return view(n, x->sizes, x->strides);
-    if (*d < -r || *d >= r) return fail("squeeze dim out of range");
-    int64_t at = (*d + r) % r;
+    auto d = wrap_dim(int_arg(n->input(1)), r);
+    if (!d) return fail("squeeze of an unknown dim");
     std::vector<int64_t> sizes = x->sizes, strides = x->strides;
-    if (sizes[at] == 1) {
-      sizes.erase(sizes.begin() + at);
-      strides.erase(strides.begin() + at);
+    if (sizes[*d] == 1) {
+      sizes.erase(sizes.begin() + *d);
+      strides.erase(strides.begin() + *d);
     }
     return view(n, sizes, strides);
   }
@@ -806,58 +818,47 @@ class Compiler {
 
   bool matmul(const Node* n) {
     const Layout* x = operand(n->input(0));
-    if (!x) return fail("a matmul operand is no float tensor");
-    Layout a = *x;
     const Layout* y = operand(n->input(1));
-    if (!y) return fail("a matmul operand is no float tensor");
-    Layout b = *y;
-    return matmul_op(n, a, b, nullptr);
+    if (!x || !y) return fail("a matmul operand is no float tensor");
+    return matmul_op(n, *x, *y, nullptr);
   }
 
   bool linear(const Node* n) {
     const Layout* x = operand(n->input(0));
     if (!x) return fail("a linear operand is no float tensor");
-    Layout a = *x;
     const Layout* w = operand(n->input(1));
     if (!w || w->sizes.size() != 2) return fail("a linear weight that is no matrix");
-    Layout b{w->ref, {w->sizes[1], w->sizes[0]}, {w->strides[1], w->strides[0]}};  // weight.t()
-    std::optional<Layout> bias;
-    if (n->input(2)->type()->kind() != c10::TypeKind::NoneType) {
-      const Layout* l = operand(n->input(2));
-      if (!l) return fail("a linear bias that is no float tensor");
-      bias = *l;
-    }
-    return matmul_op(n, a, b, bias ? &*bias : nullptr);
+    Layout wt{w->ref, {w->sizes[1], w->sizes[0]}, {w->strides[1], w->strides[0]}};  // weight.t()
+    const Layout* bias = nullptr;
+    if (n->input(2)->type()->kind() != c10::TypeKind::NoneType && !(bias = operand(n->input(2))))
+      return fail("a linear bias that is no float tensor");
+    return matmul_op(n, *x, wt, bias);
   }
 
   bool addmm(const Node* n) {
     auto beta = number(n->input(3)), alpha = number(n->input(4));
     if (!beta || !alpha || *beta != 1 || *alpha != 1) return fail("addmm with beta or alpha other than 1");
-    const Layout* c = operand(n->input(0));
-    if (!c) return fail("an addmm operand is no float tensor");
-    Layout bias = *c;
+    const Layout* bias = operand(n->input(0));
     const Layout* x = operand(n->input(1));
-    if (!x || x->sizes.size() != 2) return fail("an addmm operand is no matrix");
-    Layout a = *x;
     const Layout* y = operand(n->input(2));
-    if (!y || y->sizes.size() != 2) return fail("an addmm operand is no matrix");
-    Layout b = *y;
-    return matmul_op(n, a, b, &bias);
+    if (!bias || !x || !y || x->sizes.size() != 2 || y->sizes.size() != 2) return fail("addmm operands that are no float matrices");
+    return matmul_op(n, *x, *y, bias);
   }
 
   bool cat(const Node* n) {
     const Node* list = n->input(0)->node();
     auto dim = int_arg(n->input(1));
-    if (list->kind() != c10::prim::ListConstruct || !dim || list->inputs().empty()) return fail("cat of a list the plan cannot see");
+    if (list->kind() != c10::prim::ListConstruct || list->inputs().empty()) return fail("cat of a list the plan cannot see");
     std::vector<Layout> parts;
     for (const Value* v : list->inputs()) {
       const Layout* l = operand(v);
       if (!l) return fail("cat of a tensor that is no float tensor");
       parts.push_back(*l);
     }
-    int64_t r = static_cast<int64_t>(parts[0].sizes.size());
-    if (*dim < -r || *dim >= r) return fail("cat dim out of range");
-    int64_t d = (*dim + r) % r;
+    const int64_t r = static_cast<int64_t>(parts[0].sizes.size());
+    auto wrapped = wrap_dim(dim, r);
+    if (!wrapped) return fail("cat dim out of range");
+    const int64_t d = *wrapped;
     std::vector<int64_t> sizes = parts[0].sizes;
     sizes[d] = 0;
     for (const Layout& part : parts) {
@@ -883,74 +884,62 @@ class Compiler {
     return identity(n);
   }
 
+  // Table handlers: an elementwise op of one Fn, or a member function of the compiler.
+  static Handler unary_step(Fn fn) { return [fn](Compiler& c, const Node* n) { return c.unary_op(n, fn); }; }
+  static Handler binary_step(Fn fn) { return [fn](Compiler& c, const Node* n) { return c.binary_op(n, fn); }; }
+  static Handler binary_alpha_step(Fn fn) { return [fn](Compiler& c, const Node* n) { return c.binary_alpha(n, fn); }; }
+  static Handler by(bool (Compiler::*method)(const Node*)) {
+    return [method](Compiler& c, const Node* n) { return (c.*method)(n); };
+  }
+
   // One entry per aten schema the plan has a step (or a layout) for.
   static const Rules& rules() {
     static const Rules r = [] {
       std::vector<std::pair<const char*, Handler>> entries = {
-          {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_alpha(n, Fn::kAdd); }},
-          {"aten::add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_alpha(n, Fn::kAdd); }},
-          {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_alpha(n, Fn::kSub); }},
-          {"aten::sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_alpha(n, Fn::kSub); }},
-          {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMul); }},
-          {"aten::mul.Scalar(Tensor self, Scalar other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMul); }},
-          {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kDiv); }},
-          {"aten::div.Scalar(Tensor self, Scalar other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kDiv); }},
-          {"aten::maximum(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMaximum); }},
-          {"aten::minimum(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.binary_op(n, Fn::kMinimum); }},
-          {"aten::relu(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kRelu); }},
-          {"aten::relu6(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kClamp, 1, 0, 6); }},
-          {"aten::abs(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kAbs); }},
-          {"aten::square(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSquare); }},
-          {"aten::sqrt(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSqrt); }},
-          {"aten::log(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kLog); }},
-          {"aten::hardsigmoid(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kHardSigmoid); }},
-          {"aten::hardswish(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kHardSwish); }},
-          {"aten::silu(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSilu); }},
-          {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor",
-           [](Compiler& c, const Node* n) {
-             auto mode = torch::jit::toIValue(n->input(1));
-             if (!mode || !mode->isString()) return c.fail("gelu of an unknown approximation");
-             if (mode->toStringRef() == "none") return c.unary_op(n, Fn::kGelu);
-             if (mode->toStringRef() == "tanh") return c.unary_op(n, Fn::kGeluTanh);
-             return c.fail("gelu of an unknown approximation");
-           }},
-          {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor",
-           [](Compiler& c, const Node* n) {
-             auto alpha = number(n->input(1)), scale = number(n->input(2)), input_scale = number(n->input(3));
-             if (!alpha || scale != 1.0 || input_scale != 1.0) return c.fail("elu with a scale");
-             return c.unary_op(n, Fn::kElu, static_cast<float>(*alpha));
-           }},
-          {"aten::sigmoid(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kSigmoid); }},
-          {"aten::tanh(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kTanh); }},
-          {"aten::exp(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kExp); }},
-          {"aten::neg(Tensor self) -> Tensor", [](Compiler& c, const Node* n) { return c.unary_op(n, Fn::kNeg); }},
-          {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", [](Compiler& c, const Node* n) { return c.clamp(n); }},
-          {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", [](Compiler& c, const Node* n) { return c.clamp(n); }},
-          {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
-           [](Compiler& c, const Node* n) {
-             auto slope = number(n->input(1));
-             return slope ? c.unary_op(n, Fn::kLeakyRelu, static_cast<float>(*slope)) : c.fail("leaky_relu slope is not a constant");
-           }},
-          {"aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.transpose(n); }},
-          {"aten::t(Tensor(a) self) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.t(n); }},
-          {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)",
-           [](Compiler& c, const Node* n) {
-             auto order = int_list(n->input(1));
-             return order ? c.permute(n, *order) : c.fail("permute of unknown dims");
-           }},
-          {"aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.unsqueeze(n); }},
-          {"aten::squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.squeeze(n); }},
-          {"aten::flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.reshape(n); }},
-          {"aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.reshape(n); }},
-          {"aten::reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.reshape(n); }},
-          {"aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> Tensor(a)", [](Compiler& c, const Node* n) { return c.contiguous(n); }},
-          {"aten::dropout(Tensor input, float p, bool train) -> Tensor", [](Compiler& c, const Node* n) { return c.dropout(n); }},
-          {"aten::mm(Tensor self, Tensor mat2) -> Tensor", [](Compiler& c, const Node* n) { return c.matmul(n); }},
-          {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", [](Compiler& c, const Node* n) { return c.matmul(n); }},
-          {"aten::matmul(Tensor self, Tensor other) -> Tensor", [](Compiler& c, const Node* n) { return c.matmul(n); }},
-          {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", [](Compiler& c, const Node* n) { return c.linear(n); }},
-          {"aten::addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", [](Compiler& c, const Node* n) { return c.addmm(n); }},
-          {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", [](Compiler& c, const Node* n) { return c.cat(n); }},
+          {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", binary_alpha_step(Fn::kAdd)},
+          {"aten::add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", binary_alpha_step(Fn::kAdd)},
+          {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", binary_alpha_step(Fn::kSub)},
+          {"aten::sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", binary_alpha_step(Fn::kSub)},
+          {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", binary_step(Fn::kMul)},
+          {"aten::mul.Scalar(Tensor self, Scalar other) -> Tensor", binary_step(Fn::kMul)},
+          {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", binary_step(Fn::kDiv)},
+          {"aten::div.Scalar(Tensor self, Scalar other) -> Tensor", binary_step(Fn::kDiv)},
+          {"aten::maximum(Tensor self, Tensor other) -> Tensor", binary_step(Fn::kMaximum)},
+          {"aten::minimum(Tensor self, Tensor other) -> Tensor", binary_step(Fn::kMinimum)},
+          {"aten::relu(Tensor self) -> Tensor", unary_step(Fn::kRelu)},
+          {"aten::relu6(Tensor self) -> Tensor", by(&Compiler::relu6)},
+          {"aten::abs(Tensor self) -> Tensor", unary_step(Fn::kAbs)},
+          {"aten::square(Tensor self) -> Tensor", unary_step(Fn::kSquare)},
+          {"aten::sqrt(Tensor self) -> Tensor", unary_step(Fn::kSqrt)},
+          {"aten::log(Tensor self) -> Tensor", unary_step(Fn::kLog)},
+          {"aten::hardsigmoid(Tensor self) -> Tensor", unary_step(Fn::kHardSigmoid)},
+          {"aten::hardswish(Tensor self) -> Tensor", unary_step(Fn::kHardSwish)},
+          {"aten::silu(Tensor self) -> Tensor", unary_step(Fn::kSilu)},
+          {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", by(&Compiler::gelu)},
+          {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", by(&Compiler::elu)},
+          {"aten::sigmoid(Tensor self) -> Tensor", unary_step(Fn::kSigmoid)},
+          {"aten::tanh(Tensor self) -> Tensor", unary_step(Fn::kTanh)},
+          {"aten::exp(Tensor self) -> Tensor", unary_step(Fn::kExp)},
+          {"aten::neg(Tensor self) -> Tensor", unary_step(Fn::kNeg)},
+          {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", by(&Compiler::clamp)},
+          {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", by(&Compiler::clamp)},
+          {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor", by(&Compiler::leaky_relu)},
+          {"aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", by(&Compiler::transpose)},
+          {"aten::t(Tensor(a) self) -> Tensor(a)", by(&Compiler::t)},
+          {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)", by(&Compiler::permute)},
+          {"aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", by(&Compiler::unsqueeze)},
+          {"aten::squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)", by(&Compiler::squeeze)},
+          {"aten::flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", by(&Compiler::reshape)},
+          {"aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", by(&Compiler::reshape)},
+          {"aten::reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)", by(&Compiler::reshape)},
+          {"aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> Tensor(a)", by(&Compiler::contiguous)},
+          {"aten::dropout(Tensor input, float p, bool train) -> Tensor", by(&Compiler::dropout)},
+          {"aten::mm(Tensor self, Tensor mat2) -> Tensor", by(&Compiler::matmul)},
+          {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", by(&Compiler::matmul)},
+          {"aten::matmul(Tensor self, Tensor other) -> Tensor", by(&Compiler::matmul)},
+          {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", by(&Compiler::linear)},
+          {"aten::addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", by(&Compiler::addmm)},
+          {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", by(&Compiler::cat)},
       };
       Rules r;
       for (auto& [schema, handle] : entries) {
@@ -974,7 +963,7 @@ class Compiler {
 
 }  // namespace
 
-bool small_plan_has_step(const Node* n) { return Compiler::has_step(n); }
+bool small_plan_has_step(const Node* n) { return Compiler::find_handler(n) != nullptr; }
 
 std::shared_ptr<const SmallProgram> compile_small_plan(const Graph& subgraph, std::string* why) {
   auto p = std::make_shared<SmallProgram>();
