@@ -8,6 +8,7 @@ Nothing else to install or link.
 import os
 import sys
 
+import torch
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
@@ -34,13 +35,20 @@ def sources():
 # load. -fno-wrapv undoes Python's -fwrapv, which would hide signed overflow from UBSan.
 # Objects and the built .so go to their own build dirs, so switching modes relinks/copies instead
 # of mixing objects of the two.
+# OpenMP: torch's at::parallel_for is inline and runs its body on one thread unless the caller is
+# compiled with -fopenmp (it is `#pragma omp parallel` under _OPENMP). Linked to the libgomp the
+# wheel ships, which torch has loaded already: one OpenMP runtime, one thread pool.
+TORCH_LIB = os.path.join(os.path.dirname(torch.__file__), "lib")
+TORCH_GOMP = os.path.join(TORCH_LIB, "libgomp.so.1")
+openmp_link = [TORCH_GOMP] if os.path.exists(TORCH_GOMP) else ["-fopenmp"]
+
 SANITIZE = os.environ.get("TORCH_LLGA_SANITIZE") == "1"
 if SANITIZE:
     sanitize = ["-fsanitize=address,undefined", "-fno-sanitize=vptr"]
-    compile_args, link_args = ["-O1", "-g1", "-fno-omit-frame-pointer", "-fno-wrapv", *sanitize], sanitize
+    compile_args, link_args = ["-O1", "-g1", "-fno-omit-frame-pointer", "-fno-wrapv", *sanitize], [*sanitize, *openmp_link]
     build_dirs = {"build_temp": "build/temp-sanitize", "build_lib": "build/lib-sanitize"}
 else:
-    compile_args, link_args = ["-O2", "-g0"], ["-s"]
+    compile_args, link_args = ["-O2", "-g0"], ["-s", *openmp_link]
     build_dirs = {}
 
 # Tools run from a checkout (python -m torch_llga.bench, .check_models, .demo); the wheel ships
@@ -66,7 +74,7 @@ setup(
             name="torch_llga._C",
             sources=sources(),
             include_dirs=[os.path.join(ROOT, "csrc"), GENERATED],
-            extra_compile_args=[*compile_args, "-std=c++20", "-fvisibility=hidden"],
+            extra_compile_args=[*compile_args, "-std=c++20", "-fvisibility=hidden", "-fopenmp"],
             extra_link_args=link_args,
         )
     ],

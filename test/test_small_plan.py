@@ -185,11 +185,21 @@ def test_matrix_vector_mlp_is_one_plan():
     planned(model, torch.randn(1, 256), ops=["linear", "relu", "linear"])
 
 
-def test_wide_matrix_vector_mlp_goes_to_onednn():
-    model, inputs = MODELS["mlp"](1)  # 393K multiply-adds: its weights stream from memory, oneDNN is ahead
-    fused = Fused(model.eval(), inputs)
-    assert small_plans(fused.graph) == [] and len(fused.groups) == 3
-    torch.testing.assert_close(fused(*inputs), model(*inputs), **FP32)
+def test_mlp_at_batch_1_is_one_plan():
+    """393K multiply-adds of one row: under the one-row limit (small_plan.h), split over the threads."""
+    model, inputs = MODELS["mlp"](1)
+    planned(model, *inputs, ops=["linear", "relu", "linear", "relu", "linear"])
+
+
+@pytest.mark.parametrize("rows, width", [(4, 256), (1, 1024)], ids=["4_rows_524K", "1_row_2M"])
+def test_matrix_vector_past_its_limit_goes_to_onednn(rows, width):
+    """The plan reads the weights once per row: with 4 rows of 256 (524K multiply-adds) or one row
+    of 1024 (2M) oneDNN's groups are ahead."""
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width)).eval()
+    x = torch.randn(rows, width)
+    fused = Fused(model, (x,))
+    assert small_plans(fused.graph) == [] and fused.groups == [["linear", "relu"], ["linear"]]
+    torch.testing.assert_close(fused(x), model(x), **FP32)
 
 
 def test_matmul_rows_at_no_single_stride_stay_with_pytorch():

@@ -413,7 +413,7 @@ class Compiler {
           return fail(std::string(n->kind().toQualString()) + "'s output differs from its profile");
       }
     }
-    const int64_t max_macs = rows_ <= kSmallPlanMaxMatVecRows ? kSmallPlanMaxMatVecMacs : kSmallPlanMaxMacs;
+    const int64_t max_macs = small_plan_max_macs(rows_);
     if (macs_ > max_macs) return fail("more than " + std::to_string(max_macs) + " multiply-adds");
     std::unordered_map<const Value*, int> output_of;
     for (const Value* v : g_.outputs()) {

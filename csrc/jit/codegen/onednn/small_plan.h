@@ -17,15 +17,21 @@ namespace llga {
 inline const c10::Symbol kSmallPlan = c10::Symbol::fromQualString("llga::SmallPlan");
 
 // The limits of "small": past them oneDNN's kernels beat the plan's loops. Measured on two linear
-// layers with a relu (rows x in x out), plan against oneDNN groups on a quiet AMD EPYC Zen 5,
-// 2 threads: the plan's dot products read each weight once per row, so with 1-4 rows
-// (matrix-vector work) it is ahead up to ~160K multiply-adds (2.19x at 1x128x128, 1.44x at
-// 1x256x256, 1.16x at 4x128x128; 0.91x at 1x256x512 and 2x256x256, where the weights stream from
-// memory and both are bound by it); with 16 rows it is behind from 128K (0.83x at 16x64x64).
+// layers with a relu (rows x in x out, twice), plan against oneDNN groups, AMD EPYC Zen 5, 2 threads
+// (matmuls from 32K multiply-adds split their columns over both). The plan's dot products read the
+// weights once per row, oneDNN's kernels once per call:
+// - one row (matrix-vector work): 2.33x at 1x128x128, 1.79x at 1x256x256, 1.22x at 1x512x512;
+// - four rows: 1.32x at 4x128x128, 0.75x at 4x256x256;
+// - sixteen rows: 0.83x at 16x64x64.
 constexpr int64_t kSmallPlanMaxElements = 16 * 1024;     // per computed tensor
-constexpr int64_t kSmallPlanMaxMacs = 64 * 1024;         // multiply-adds of all matmuls together
+constexpr int64_t kSmallPlanMaxMacs = 64 * 1024;         // multiply-adds of all matmuls together,
 constexpr int64_t kSmallPlanMaxMatVecRows = 4;           // ... unless no matmul has more rows than this,
-constexpr int64_t kSmallPlanMaxMatVecMacs = 160 * 1024;  // then up to these
+constexpr int64_t kSmallPlanMaxMatVecMacs = 160 * 1024;  // then up to these,
+constexpr int64_t kSmallPlanMaxVecMacs = 640 * 1024;     // or these when every matmul has one row (MLP at batch 1)
+
+constexpr int64_t small_plan_max_macs(int64_t rows) {
+  return rows <= 1 ? kSmallPlanMaxVecMacs : rows <= kSmallPlanMaxMatVecRows ? kSmallPlanMaxMatVecMacs : kSmallPlanMaxMacs;
+}
 
 struct SmallProgram;
 
