@@ -74,8 +74,8 @@ def cache_capacity():
 def release(module=None):
     """Frees the compiled oneDNN partitions of a module's fusion groups, or of every module when
     none is given, and empties oneDNN's constant weight cache (the reordered weights of every
-    module: the others reorder theirs again on their next call); returns how many partitions were
-    freed. The module still works: its next call compiles again.
+    module: the others reorder theirs again on their next call) and the buffers kept for reuse
+    (up to 512 MB of scratch memory and LLGA tensors); returns how many partitions were freed. The module still works: its next call compiles again.
 
     Why this exists: PyTorch keeps the code of every traced or frozen module (its graph, frozen
     weights and executor, and so our compiled partitions) in its global compilation unit until

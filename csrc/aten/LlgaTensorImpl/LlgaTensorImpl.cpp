@@ -16,8 +16,12 @@ LlgaTensorImpl::LlgaTensorImpl(c10::Storage&& storage, const caffe2::TypeMeta& d
 
 at::Tensor empty_llga(const dnnl::graph::logical_tensor& desc, c10::ScalarType dtype) {
   size_t nbytes = desc.get_mem_size();
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator()->allocate(nbytes),
-                       c10::GetCPUAllocator(), /*resizable=*/false);
+  // From oneDNN's buffer pool: a group's output is freed when the next group has read it, and the
+  // same sizes come back on every call (fresh memory would cost a page fault per page each time).
+  void* p = nbytes ? runtime::allocate_buffer(nbytes, 64) : nullptr;
+  TORCH_CHECK(p || !nbytes, "torch_llga: out of memory allocating ", nbytes, " bytes");
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       c10::DataPtr(p, p, &runtime::free_buffer, c10::Device(c10::kCPU)), nullptr, /*resizable=*/false);
   return at::detail::make_tensor<LlgaTensorImpl>(std::move(storage), c10::scalarTypeToTypeMeta(dtype), desc);
 }
 
