@@ -39,6 +39,7 @@ PYBIND11_MODULE(_C, m) {
     d["evictions"] = s.evictions.load();
     d["plan_runs"] = s.plan_runs.load();
     d["cached_partitions"] = s.cached_partitions.load();
+    d["kept_buffer_bytes"] = s.kept_buffer_bytes.load();
     return d;
   });
   // Each pass alone, for IR-in / IR-out tests (test_passes.py): the graph is changed in place.

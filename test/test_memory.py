@@ -76,6 +76,10 @@ def test_scratch_memory_is_reused_not_faulted_in_on_every_call():
         fused(x)
     per_call = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 50
     assert per_call < 2, f"{per_call} page faults a call"
+    # What the pool keeps between calls shows in stats(), within its cap; release() gives it back.
+    assert 1 << 20 < torch_llga.stats()["kept_buffer_bytes"] <= 256 << 20
+    torch_llga.release(fused.module)
+    assert torch_llga.stats()["kept_buffer_bytes"] == 0
 
 
 # Builds, runs and drops 4 modules of 37 MB of conv weights each; prints resident growth per module.

@@ -75,7 +75,8 @@ def release(module=None):
     """Frees the compiled oneDNN partitions of a module's fusion groups, or of every module when
     none is given, and empties oneDNN's constant weight cache (the reordered weights of every
     module: the others reorder theirs again on their next call) and the buffers kept for reuse
-    (up to 512 MB of scratch memory and LLGA tensors); returns how many partitions were freed. The module still works: its next call compiles again.
+    (up to 256 MB of scratch memory and LLGA tensors); returns how many partitions were freed.
+    The module still works: its next call compiles again.
 
     Why this exists: PyTorch keeps the code of every traced or frozen module (its graph, frozen
     weights and executor, and so our compiled partitions) in its global compilation unit until
@@ -136,7 +137,9 @@ def stats():
     with a residual add accumulates into the added tensor instead of copying it first);
     evictions: compiled partitions dropped from a full cache; cached_partitions: compiled partitions
     alive now (they go with their module);
-    plan_runs: calls of small-graph plans (a whole graph of tiny tensors run as one native step)."""
+    plan_runs: calls of small-graph plans (a whole graph of tiny tensors run as one native step);
+    kept_buffer_bytes: memory of freed oneDNN buffers and LLGA tensors kept for the next call
+    (at most 256 MB; release() gives it back)."""
     return dict(_C._stats())
 
 

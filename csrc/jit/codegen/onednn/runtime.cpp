@@ -53,13 +53,13 @@ void init_constant_cache() {
 // before its fused depthwise conv) are allocated and freed on every execution, and memory fresh
 // from the kernel costs a fault per page, a whole 2 MiB huge page zeroed for the large ones.
 // Measured: a MobileNetV2 block at 56x56 spent a third of its time zeroing pages. At most
-// kPoolBytes are kept; past that, buffers go back to the system.
+// kPoolBytes are kept.
 constexpr size_t kHugePage = size_t(2) << 20;
 constexpr size_t kPooledFrom = size_t(64) << 10;
 #ifdef __SANITIZE_ADDRESS__
 constexpr size_t kPoolBytes = 0;  // AddressSanitizer sees every free (a kept buffer would hide a use after free)
 #else
-constexpr size_t kPoolBytes = size_t(512) << 20;
+constexpr size_t kPoolBytes = size_t(256) << 20;
 #endif
 constexpr size_t kPoolAlignment = 128;  // of every pooled buffer under 2 MiB: oneDNN asks for 64 or 128
 
@@ -75,6 +75,7 @@ class BufferPool {
         void* p = it->second;
         free_.erase(it);
         pooled_bytes_ -= rounded;
+        publish();
         return p;
       }
     }
@@ -97,25 +98,39 @@ class BufferPool {
       }
       free_.clear();
       pooled_bytes_ = 0;
+      publish();
     }
     for (void* p : kept) free(p);
   }
 
+  // Keeps p for reuse. Over the cap, buffers kept earlier make room (a workload whose sizes
+  // changed keeps its current ones), unless p alone is larger.
   void deallocate(void* p) {
     if (!p) return;
+    std::vector<void*> released;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = size_of_.find(p);
-      if (it != size_of_.end()) {
-        if (pooled_bytes_ + it->second <= kPoolBytes) {
-          pooled_bytes_ += it->second;
-          free_.emplace(it->second, p);
-          return;
-        }
+      if (it == size_of_.end()) {
+        released.push_back(p);  // not pooled (small)
+      } else if (it->second > kPoolBytes) {
         size_of_.erase(it);
+        released.push_back(p);
+      } else {
+        const size_t size = it->second;
+        while (pooled_bytes_ + size > kPoolBytes) {
+          auto old = free_.begin();
+          released.push_back(old->second);
+          size_of_.erase(old->second);
+          pooled_bytes_ -= old->first;
+          free_.erase(old);
+        }
+        pooled_bytes_ += size;
+        free_.emplace(size, p);
+        publish();
       }
     }
-    free(p);
+    for (void* q : released) free(q);
   }
 
  private:
@@ -133,6 +148,8 @@ class BufferPool {
     }
     return posix_memalign(&p, std::max<size_t>(alignment, 64), size) == 0 ? p : nullptr;
   }
+
+  void publish() { stats().kept_buffer_bytes.store(static_cast<int64_t>(pooled_bytes_), std::memory_order_relaxed); }
 
   std::mutex mutex_;
   std::unordered_multimap<size_t, void*> free_;  // rounded size -> a kept buffer
