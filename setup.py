@@ -38,8 +38,7 @@ def sources():
 # OpenMP: torch's at::parallel_for is inline and runs its body on one thread unless the caller is
 # compiled with -fopenmp (it is `#pragma omp parallel` under _OPENMP). Linked to the libgomp the
 # wheel ships, which torch has loaded already: one OpenMP runtime, one thread pool.
-TORCH_LIB = os.path.join(os.path.dirname(torch.__file__), "lib")
-TORCH_GOMP = os.path.join(TORCH_LIB, "libgomp.so.1")
+TORCH_GOMP = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
 openmp_link = [TORCH_GOMP] if os.path.exists(TORCH_GOMP) else ["-fopenmp"]
 
 SANITIZE = os.environ.get("TORCH_LLGA_SANITIZE") == "1"

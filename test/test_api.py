@@ -84,6 +84,19 @@ def test_runs_on_the_onednn_inside_torch():
     assert not re.search(r" [TU] dnnl_", exported)  # the C API stubs stay hidden, nothing is left unresolved
 
 
+def test_one_openmp_runtime_and_ours_uses_it():
+    """The extension is built with OpenMP (torch's inline at::parallel_for ran our loops on one
+    thread without it) and uses the libgomp torch loaded: one runtime, one thread pool."""
+    so = torch_llga._C.__file__
+    needed = subprocess.run(["readelf", "-d", so], capture_output=True, text=True, check=True).stdout
+    assert "[libgomp.so.1]" in needed
+    with open("/proc/self/maps") as f:
+        gomp = {line.split()[-1] for line in f if "libgomp" in line}
+    assert len(gomp) == 1, gomp
+    assert os.path.samefile(gomp.pop(), os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1"))
+    assert b"GOMP_parallel" in open(so, "rb").read()  # our own code opens parallel regions
+
+
 def import_error(env):
     out = subprocess.run([sys.executable, "-c", "import torch_llga"], env={**os.environ, **env}, capture_output=True, text=True)
     assert out.returncode != 0

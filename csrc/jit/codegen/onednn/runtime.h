@@ -8,12 +8,12 @@
 namespace llga::runtime {
 
 dnnl::engine& engine();
+dnnl::stream& stream();  // one per thread: oneDNN streams are not meant to be shared across threads
 
 // The allocator of oneDNN's buffers, which also holds the memory of LLGA tensors: buffers of 64 KiB
 // and more are kept when freed, for the next request of their size (runtime.cpp says why).
 void* allocate_buffer(size_t size, size_t alignment);
 void free_buffer(void* p);
-dnnl::stream& stream();  // one per thread: oneDNN streams are not meant to be shared across threads
 
 // oneDNN's constant weight cache (reordered frozen weights): whether it is on, and dropping what it
 // holds (every module's; each reorders its weights again on its next call).
