@@ -55,3 +55,16 @@ def test_help():
     assert out.returncode == 0 and "run" in out.stdout and "explain" in out.stdout
     out = cli("run", "--help")
     assert "--input" in out.stdout and "--dtype" in out.stdout and "--threads" in out.stdout
+
+
+def test_bench_ratios_are_paired_by_round():
+    from torch_llga.bench import paired_ratio, ratio_cell
+
+    # The shared machine ran rounds 2 and 5 four times slower, for both backends alike: every
+    # per-round ratio is still 2.0x.
+    base, llga = [4.0, 16.0, 4.2, 4.4, 16.2], [2.0, 8.0, 2.1, 2.2, 8.1]
+    median, q1, q3 = paired_ratio(base, llga)
+    assert median == pytest.approx(2.0) and q1 == pytest.approx(2.0) and q3 == pytest.approx(2.0)
+    assert ratio_cell((median, q1, q3)) == "2.00x"
+    # A difference the rounds disagree on is marked as noise.
+    assert ratio_cell(paired_ratio([1.0, 1.0, 1.0, 1.0], [0.9, 1.1, 0.95, 1.05])) == "1.00x~"

@@ -4,7 +4,10 @@ and beside OpenVINO and ONNX Runtime (benchmark-only: pip install -r requirement
     python -m torch_llga.bench [--models resnet50,lld6] [--backends ...] [--threads 2] [--out bench_out/run]
     python -m torch_llga.bench --dtype int8 --models resnet50   # torch_llga vs FX convert_fx (x86) vs fp32
 
-Rounds are interleaved across backends so machine drift hits all alike; the figures are medians.
+Rounds are interleaved across backends so machine drift hits all alike. The times are medians over
+rounds; a "llga vs X" ratio is the median of the per-round ratios (X and torch_llga timed in the same
+round, seconds apart), which a slow drift of the shared machine's speed does not move. A ratio marked
+"~" is not a measured difference: the middle half of its per-round ratios spans 1.00x.
 A backend that fails on a model is reported as failed, with its error.
 
 openvino: ov.convert_model, compiled for the CPU with the bench's thread count, latency hint, and the
@@ -265,9 +268,9 @@ def bench_model(name, backends, args):
             row["results"][b] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
     if not ready:
         return row
-    # Calls per sample: enough that one sample lasts ~5 ms (timer noise on microsecond models).
+    # Calls per sample: enough that one sample lasts about --sample-ms (timer and scheduler noise).
     once = min(bk.time_ms(1) for bk in ready)
-    repeat = max(1, min(1000, int(5.0 / max(once, 1e-3))))
+    repeat = max(1, min(10000, round(args.sample_ms / max(once, 1e-3))))
     for r in range(args.rounds):
         progress(f"{name}: round {r + 1}/{args.rounds}")
         # The order rotates each round: a backend timed right after another pays for what that one
@@ -280,11 +283,33 @@ def bench_model(name, backends, args):
     return row
 
 
-def ratio(row, base, b):
+def paired_ratio(base_times, times):
+    """(median, lower quartile, upper quartile) of base/time over the rounds both were timed in."""
+    ratios = sorted(a / b for a, b in zip(base_times, times))
+    if len(ratios) < 2:
+        return (ratios[0],) * 3
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return median, q1, q3
+
+
+def ratio_spread(row, base, b):
+    """How much faster b is than base in this run (paired_ratio), or None if either failed."""
     r = row["results"]
-    if "median_ms" in r.get(base, {}) and "median_ms" in r.get(b, {}):
-        return r[base]["median_ms"] / r[b]["median_ms"]
+    if r.get(base, {}).get("times") and r.get(b, {}).get("times"):
+        return paired_ratio(r[base]["times"], r[b]["times"])
     return None
+
+
+def ratio(row, base, b):
+    spread = ratio_spread(row, base, b)
+    return spread[0] if spread else None
+
+
+def ratio_cell(spread):
+    if not spread:
+        return "-"
+    median, q1, q3 = spread
+    return f"{median:.2f}x" + ("~" if q1 <= 1.0 <= q3 else "")
 
 
 def ratio_columns(backends):
@@ -297,7 +322,8 @@ def ratio_columns(backends):
 def markdown(rows, backends, args):
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     head = f"{cpu}; torch {torch.__version__}, oneDNN {torch_llga.onednn_version()} (torch's own, for every backend), " \
-           f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms"
+           f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms over {args.rounds} rounds; " \
+           f"ratios: median of per-round ratios, ~ where their middle half spans 1.00x"
     cols = ratio_columns(backends)
     # Preparation and first calls: torch_llga's and the built-in fuser's, and the other runtimes' in this run.
     warm = ["torch_llga", "builtin_onednn"] + [b for b in ("openvino", "onnxruntime") if b in backends]
@@ -310,11 +336,11 @@ def markdown(rows, backends, args):
         for b in backends:
             res = row["results"].get(b, {})
             cells.append(f"{res['median_ms']:.3f}" if "median_ms" in res else f"failed: {res.get('error', '?')}")
-        ratios = [ratio(row, base, "torch_llga") for _, base in cols]
+        spreads = [ratio_spread(row, base, "torch_llga") for _, base in cols]
         llga = row["results"].get("torch_llga", {})
         gflops = f"{row['flops'] / llga['median_ms'] / 1e6:.0f}" if "median_ms" in llga and row["flops"] else "-"
         warmups = "/".join(f"{row['results'].get(b, {}).get('warmup_ms', float('nan')):.0f}" for b in warm)
-        cells += [f"{r:.2f}x" if r else "-" for r in ratios] + [gflops, warmups]
+        cells += [ratio_cell(sp) for sp in spreads] + [gflops, warmups]
         lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
     ratios = [ratio(row, "builtin_onednn", "torch_llga") for row in rows]
     ratios = [r for r in ratios if r]
@@ -358,6 +384,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--sample-ms", type=float, default=30.0,
+                        help="timed calls per backend per round: enough for about this long (at least one)")
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--out", help="write <out>.md (the table) and <out>.png (a bar chart)")
     args = parser.parse_args(argv)
