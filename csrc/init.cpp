@@ -11,6 +11,7 @@
 PYBIND11_MODULE(_C, m) {
   // torch's oneDNN could not be bound (see torch_onednn.h): the import fails with the reason.
   if (!llga::onednn::load_error().empty()) throw pybind11::import_error(llga::onednn::load_error());
+  if (auto error = llga::runtime::buffer_pool_env_error(); !error.empty()) throw pybind11::import_error(error);
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
   m.def("_set_fuse_all_partitions", &llga::runtime::set_fuse_all_partitions);
@@ -26,6 +27,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_release_all", [] { return llga::release_compiled_partitions(nullptr); });
   m.def("_constant_cache_enabled", &llga::runtime::constant_cache_enabled);
   m.def("_flush_constant_cache", &llga::runtime::flush_constant_cache);
+  m.def("_buffer_pool_limit", &llga::runtime::buffer_pool_limit);
+  m.def("_set_buffer_pool_limit", &llga::runtime::set_buffer_pool_limit);
   m.def("_stats", [] {
     auto& s = llga::runtime::stats();
     pybind11::dict d;

@@ -120,6 +120,15 @@ def test_import_fails_clearly_on_another_build(tmp_path):
     assert "which is not the build of libtorch_cpu.so loaded from" in line
 
 
+def test_buffer_pool_limit_from_the_environment():
+    code = "import torch_llga; print(torch_llga.buffer_pool_limit())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TORCH_LLGA_BUFFER_POOL_MB": "64"},
+                         capture_output=True, text=True, check=True)
+    assert int(out.stdout) == 64 << 20
+    line = import_error({"TORCH_LLGA_BUFFER_POOL_MB": "1GB"})
+    assert line == "ImportError: TORCH_LLGA_BUFFER_POOL_MB must be a whole number of megabytes (0 keeps nothing), not '1GB'"
+
+
 def test_jit_log_shows_each_pass():
     code = """
 import warnings, torch, torch_llga

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import torch_llga
 
-from conftest import check, SOME
+from conftest import FP32, check, SOME
 
 # Under `make test-sanitize` resident memory measures AddressSanitizer: its quarantine keeps freed
 # memory resident (plain TorchScript alone grew 62 MB per dropped module there, against 37).
@@ -80,6 +80,35 @@ def test_scratch_memory_is_reused_not_faulted_in_on_every_call():
     assert 1 << 20 < torch_llga.stats()["kept_buffer_bytes"] <= 256 << 20
     torch_llga.release(fused.module)
     assert torch_llga.stats()["kept_buffer_bytes"] == 0
+
+
+@SANITIZED
+def test_buffer_pool_limit_bounds_what_is_kept():
+    """A server with many models bounds the pool: lowering the limit frees what is over it at once,
+    0 keeps nothing (each call then faults its scratch in again, and computes the same)."""
+    model = nn.Sequential(nn.Conv2d(24, 144, 1), nn.ReLU(), nn.Conv2d(144, 24, 1)).eval()
+    x = torch.randn(1, 24, 56, 56)
+    fused = check(model, x, groups=[["_convolution", "relu"], ["_convolution"]])
+    default = torch_llga.buffer_pool_limit()
+    assert default == 256 << 20 and torch_llga.config()["buffer_pool_limit"] == default
+    try:
+        fused(x)
+        kept = torch_llga.stats()["kept_buffer_bytes"]
+        assert kept > 1 << 20  # the 144-channel tensor between the groups (1.8 MB) among them
+        torch_llga.set_buffer_pool_limit(kept - 1)
+        assert torch_llga.stats()["kept_buffer_bytes"] <= kept - 1
+        assert torch_llga.buffer_pool_limit() == kept - 1
+        torch_llga.set_buffer_pool_limit(0)
+        assert torch_llga.stats()["kept_buffer_bytes"] == 0
+        with torch.no_grad():
+            for _ in range(3):
+                torch.testing.assert_close(fused(x), model(x), **FP32)
+        assert torch_llga.stats()["kept_buffer_bytes"] == 0
+        with pytest.raises(ValueError, match="int number of bytes >= 0"):
+            torch_llga.set_buffer_pool_limit(-1)
+    finally:
+        torch_llga.set_buffer_pool_limit(default)
+        torch_llga.release(fused.module)
 
 
 # Builds, runs and drops 4 modules of 37 MB of conv weights each; prints resident growth per module.

@@ -16,7 +16,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 from . import _C
 
 __all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "config", "set_shape_policy", "shape_policy",
-           "set_cache_capacity", "cache_capacity", "release", "explain"]
+           "set_cache_capacity", "cache_capacity", "set_buffer_pool_limit", "buffer_pool_limit", "release", "explain"]
 
 
 def enable():
@@ -71,11 +71,26 @@ def cache_capacity():
     return _C._cache_capacity()
 
 
+def set_buffer_pool_limit(nbytes):
+    """The most memory kept for reuse from freed oneDNN buffers and LLGA tensors (scratch space and
+    the tensors between groups, which every call would otherwise take fresh from the system, a
+    page fault per page). Default 256 MB, or TORCH_LLGA_BUFFER_POOL_MB; 0 keeps nothing. Lowering
+    it frees what is over at once, the buffers kept longest first."""
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        raise ValueError(f"buffer pool limit must be an int number of bytes >= 0, not {nbytes!r}")
+    _C._set_buffer_pool_limit(nbytes)
+
+
+def buffer_pool_limit():
+    return _C._buffer_pool_limit()
+
+
 def release(module=None):
     """Frees the compiled oneDNN partitions of a module's fusion groups, or of every module when
     none is given, and empties oneDNN's constant weight cache (the reordered weights of every
     module: the others reorder theirs again on their next call) and the buffers kept for reuse
-    (up to 256 MB of scratch memory and LLGA tensors); returns how many partitions were freed.
+    (scratch memory and LLGA tensors, up to buffer_pool_limit()); returns how many partitions
+    were freed.
     The module still works: its next call compiles again.
 
     Why this exists: PyTorch keeps the code of every traced or frozen module (its graph, frozen
@@ -139,7 +154,7 @@ def stats():
     alive now (they go with their module);
     plan_runs: calls of small-graph plans (a whole graph of tiny tensors run as one native step);
     kept_buffer_bytes: memory of freed oneDNN buffers and LLGA tensors kept for the next call
-    (at most 256 MB; release() gives it back)."""
+    (at most buffer_pool_limit(); release() gives it back)."""
     return dict(_C._stats())
 
 
@@ -150,8 +165,8 @@ def onednn_version():
 
 def config():
     """What torch_llga runs on: torch's version, the oneDNN inside it (version and library),
-    whether oneDNN's constant weight cache is on, and whether graphs of tiny tensors run as
-    small-graph plans (TORCH_LLGA_SMALL_PLANS=0 turns that off)."""
+    whether oneDNN's constant weight cache is on, whether graphs of tiny tensors run as
+    small-graph plans (TORCH_LLGA_SMALL_PLANS=0 turns that off), and the buffer pool's limit."""
     return {"torch": torch.__version__, "onednn": onednn_version(), "onednn_library": _C._onednn_library(),
             "constant_cache": _C._constant_cache_enabled(), "small_plans": _C._small_plans(),
-            "threads": torch.get_num_threads()}
+            "buffer_pool_limit": buffer_pool_limit(), "threads": torch.get_num_threads()}

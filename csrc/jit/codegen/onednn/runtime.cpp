@@ -3,9 +3,12 @@
 #include "onednn/torch_onednn.h"
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <list>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -53,14 +56,30 @@ void init_constant_cache() {
 // before its fused depthwise conv) are allocated and freed on every execution, and memory fresh
 // from the kernel costs a fault per page, a whole 2 MiB huge page zeroed for the large ones.
 // Measured: a MobileNetV2 block at 56x56 spent a third of its time zeroing pages. At most
-// kPoolBytes are kept.
+// the pool's limit is kept: 256 MB, TORCH_LLGA_BUFFER_POOL_MB, or set_buffer_pool_limit().
 constexpr size_t kHugePage = size_t(2) << 20;
 constexpr size_t kPooledFrom = size_t(64) << 10;
 #ifdef __SANITIZE_ADDRESS__
-constexpr size_t kPoolBytes = 0;  // AddressSanitizer sees every free (a kept buffer would hide a use after free)
+constexpr bool kPoolAllowed = false;  // AddressSanitizer sees every free (a kept buffer would hide a use after free)
 #else
-constexpr size_t kPoolBytes = size_t(256) << 20;
+constexpr bool kPoolAllowed = true;
 #endif
+constexpr int64_t kDefaultPoolMB = 256;
+
+// TORCH_LLGA_BUFFER_POOL_MB in bytes; an unreadable value gives the default and its error.
+size_t pool_limit_from_env(std::string* error) {
+  const char* env = std::getenv("TORCH_LLGA_BUFFER_POOL_MB");
+  if (!env || !*env) return size_t(kDefaultPoolMB) << 20;
+  char* end = nullptr;
+  errno = 0;
+  long long mb = std::strtoll(env, &end, 10);
+  if (*end != '\0' || mb < 0 || errno || mb > (int64_t(1) << 40)) {
+    if (error) *error = "TORCH_LLGA_BUFFER_POOL_MB must be a whole number of megabytes (0 keeps nothing), not '" + std::string(env) + "'";
+    return size_t(kDefaultPoolMB) << 20;
+  }
+  return size_t(mb) << 20;
+}
+
 constexpr size_t kPoolAlignment = 128;  // of every pooled buffer under 2 MiB: oneDNN asks for 64 or 128
 
 class BufferPool {
@@ -70,10 +89,12 @@ class BufferPool {
     size_t rounded = round(size);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = free_.find(rounded);
-      if (it != free_.end()) {
-        void* p = it->second;
-        free_.erase(it);
+      auto it = by_size_.find(rounded);
+      if (it != by_size_.end() && !it->second.empty()) {
+        auto kept = it->second.back();  // the last one freed: the likeliest still in the caches
+        it->second.pop_back();
+        void* p = kept->second;
+        kept_.erase(kept);
         pooled_bytes_ -= rounded;
         publish();
         return p;
@@ -87,23 +108,7 @@ class BufferPool {
     return p;
   }
 
-  // Gives the kept buffers back to the system (release(): a dropped module's weights among them).
-  void trim() {
-    std::vector<void*> kept;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [size, p] : free_) {
-        kept.push_back(p);
-        size_of_.erase(p);
-      }
-      free_.clear();
-      pooled_bytes_ = 0;
-      publish();
-    }
-    for (void* p : kept) free(p);
-  }
-
-  // Keeps p for reuse. Over the cap, buffers kept earlier make room (a workload whose sizes
+  // Keeps p for reuse. Over the limit, the buffers kept longest make room (a workload whose sizes
   // changed keeps its current ones), unless p alone is larger.
   void deallocate(void* p) {
     if (!p) return;
@@ -113,27 +118,45 @@ class BufferPool {
       auto it = size_of_.find(p);
       if (it == size_of_.end()) {
         released.push_back(p);  // not pooled (small)
-      } else if (it->second > kPoolBytes) {
+      } else if (it->second > limit_) {
         size_of_.erase(it);
         released.push_back(p);
       } else {
         const size_t size = it->second;
-        while (pooled_bytes_ + size > kPoolBytes) {
-          auto old = free_.begin();
-          released.push_back(old->second);
-          size_of_.erase(old->second);
-          pooled_bytes_ -= old->first;
-          free_.erase(old);
-        }
+        evict_until(limit_ - size, released);
+        kept_.emplace_back(size, p);
+        by_size_[size].push_back(std::prev(kept_.end()));
         pooled_bytes_ += size;
-        free_.emplace(size, p);
         publish();
       }
     }
     for (void* q : released) free(q);
   }
 
+  // Gives the kept buffers back to the system (release(): a dropped module's weights among them).
+  void trim() { set_limit(limit(), /*keep=*/0); }
+
+  size_t limit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return limit_;
+  }
+
+  // From now on keeps at most `bytes`; of the buffers kept now, at most `keep` bytes (the
+  // earliest kept go first).
+  void set_limit(size_t bytes, size_t keep) {
+    std::vector<void*> released;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      limit_ = kPoolAllowed ? bytes : 0;
+      evict_until(std::min(keep, limit_), released);
+      publish();
+    }
+    for (void* p : released) free(p);
+  }
+
  private:
+  using Kept = std::list<std::pair<size_t, void*>>;  // (rounded size, buffer), the earliest kept first
+
   static size_t round(size_t size) {
     size_t unit = size >= kHugePage ? kHugePage : kPooledFrom;
     return (size + unit - 1) / unit * unit;
@@ -149,12 +172,27 @@ class BufferPool {
     return posix_memalign(&p, std::max<size_t>(alignment, 64), size) == 0 ? p : nullptr;
   }
 
+  // Drops kept buffers, the earliest kept first, until at most `bytes` are kept (mutex_ held).
+  void evict_until(size_t bytes, std::vector<void*>& released) {
+    while (!kept_.empty() && pooled_bytes_ > bytes) {
+      auto [size, p] = kept_.front();
+      auto& same = by_size_.at(size);
+      same.erase(same.begin());  // kept_ and each by_size_ list are in the order buffers were kept
+      kept_.pop_front();
+      size_of_.erase(p);
+      pooled_bytes_ -= size;
+      released.push_back(p);
+    }
+  }
+
   void publish() { stats().kept_buffer_bytes.store(static_cast<int64_t>(pooled_bytes_), std::memory_order_relaxed); }
 
   std::mutex mutex_;
-  std::unordered_multimap<size_t, void*> free_;  // rounded size -> a kept buffer
-  std::unordered_map<void*, size_t> size_of_;    // every pooled buffer, in use or kept
+  Kept kept_;
+  std::unordered_map<size_t, std::deque<Kept::iterator>> by_size_;  // rounded size -> its kept buffers, in kept_'s order
+  std::unordered_map<void*, size_t> size_of_;                       // every pooled buffer, in use or kept
   size_t pooled_bytes_ = 0;
+  size_t limit_ = kPoolAllowed ? pool_limit_from_env(nullptr) : 0;
 };
 
 BufferPool& pool() {
@@ -165,6 +203,13 @@ BufferPool& pool() {
 
 void* allocate_buffer(size_t size, size_t alignment) { return pool().allocate(size, alignment); }
 void free_buffer(void* p) { pool().deallocate(p); }
+std::string buffer_pool_env_error() {
+  std::string error;
+  pool_limit_from_env(&error);
+  return error;
+}
+int64_t buffer_pool_limit() { return static_cast<int64_t>(pool().limit()); }
+void set_buffer_pool_limit(int64_t bytes) { pool().set_limit(static_cast<size_t>(bytes), static_cast<size_t>(bytes)); }
 
 bool constant_cache_enabled() {
   engine();  // the capacity is set with the engine

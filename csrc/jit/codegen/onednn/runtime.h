@@ -14,6 +14,10 @@ dnnl::stream& stream();  // one per thread: oneDNN streams are not meant to be s
 // and more are kept when freed, for the next request of their size (runtime.cpp says why).
 void* allocate_buffer(size_t size, size_t alignment);
 void free_buffer(void* p);
+// The most it keeps, in bytes (256 MB, or TORCH_LLGA_BUFFER_POOL_MB); setting it frees what is over.
+int64_t buffer_pool_limit();
+void set_buffer_pool_limit(int64_t bytes);
+std::string buffer_pool_env_error();  // an unreadable TORCH_LLGA_BUFFER_POOL_MB (the default is used), or ""
 
 // oneDNN's constant weight cache (reordered frozen weights): whether it is on, and dropping what it
 // holds (every module's; each reorders its weights again on its next call).
