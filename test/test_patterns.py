@@ -232,6 +232,42 @@ def test_batched_matmul_then_per_row_add():
     torch.testing.assert_close(fused(x), fn(x), rtol=1e-5, atol=1e-5)
 
 
+def test_4d_linear_post_op_broadcast():
+    # oneDNN 3.12 adds an operand broadcast along some, not all, of the first three dims of a
+    # 4-D linear's output wrongly ([2,1,3,8] + [1,1,3,8]: off by up to 5; found by fuzzing at a
+    # size other than the traced one). Such an add stays in PyTorch; one that is right at the
+    # profiled sizes fuses for those sizes only, and a per-column one for any.
+    model = nn.Linear(4, 8).requires_grad_(False)
+    fn = lambda a, b: model(a) + b  # noqa: E731
+    x = torch.randn(2, 1, 3, 4)
+    for partial in [(1, 1, 3, 8), (1, 3, 8), (2, 1, 1, 8)]:
+        check(fn, x, torch.randn(partial), groups=[["linear"]])
+    fused = check(fn, x, torch.randn(2, 1, 3, 8), groups=[["linear", "add"]])
+    before = torch_llga.stats()["guard_failures"]
+    for xs, bs in [((2, 1, 3, 4), (1, 1, 3, 8)), ((4, 2, 3, 4), (4, 1, 3, 8)), ((4, 2, 3, 4), (4, 2, 3, 8))]:
+        a, b = torch.randn(xs), torch.randn(bs)
+        torch.testing.assert_close(fused(a, b), fn(a, b), **FP32)
+    assert torch_llga.stats()["guard_failures"] - before == 3  # other sizes: PyTorch ran the group's ops
+    fused = check(fn, x, torch.randn(8), groups=[["linear", "add"]])
+    before = torch_llga.stats()["guard_failures"]
+    a, b = torch.randn(4, 2, 5, 4), torch.randn(8)
+    torch.testing.assert_close(fused(a, b), fn(a, b), **FP32)
+    assert torch_llga.stats()["guard_failures"] == before  # recompiled for the new sizes
+    # The fuzzer's program: traced where nothing broadcasts ([1,1,1,8] + [1,1,8]), called at sizes
+    # where the add's operand is [1,2,8] against [2,1,2,8].
+    w = torch.randn(8, 2)
+
+    def program(x0):
+        v2 = F.linear(x0.mean((0,)), w)
+        return torch.relu(x0), torch.add(F.linear(x0, w), v2, alpha=2.0)
+
+    fused = Fused(program, (torch.randn(1, 1, 1, 2),))
+    for shape in [(2, 1, 2, 2), (2, 2, 2, 2)]:
+        x0 = torch.randn(shape)
+        for got, want in zip(fused(x0), program(x0)):
+            torch.testing.assert_close(got, want, **FP32)
+
+
 @pytest.mark.parametrize("shape", [(1, 72, 28, 28), (2, 40, 7, 7)])
 def test_squeeze_excitation_hardsigmoid(shape):
     # MobileNetV3's block: the scale conv, its hardsigmoid and the channel-wise mul form one partition.
