@@ -129,11 +129,14 @@ def test_fifty_sizes_in_random_order(capacity):
             torch.testing.assert_close(fused(x), model(x), rtol=1e-4, atol=1e-4)
     after = torch_llga.stats()
     groups = len(fused.groups)
-    assert delta(before, after, "guard_failures") == 0 and delta(before, after, "kernel_fallbacks") == 0
-    assert delta(before, after, "executions") == len(order) * groups
+    # One key makes q @ k^T a matrix-vector product, which the op table leaves to PyTorch (faster
+    # there): at that length the attention group runs unfused. Every other call runs fused.
+    vector = sum(1 for _, n in order if n == 1)
+    assert delta(before, after, "guard_failures") == 0 and delta(before, after, "kernel_fallbacks") == vector
+    assert delta(before, after, "executions") == len(order) * groups - vector
     assert after["cached_partitions"] - cached <= (capacity - 1) * groups  # one was there already
     if capacity >= len(shapes) + 1:
-        assert delta(before, after, "compilations") == len(shapes) * groups
+        assert delta(before, after, "compilations") == len(shapes) * groups - (1 if vector else 0)
         assert delta(before, after, "evictions") == 0
     else:
         assert delta(before, after, "evictions") > 0

@@ -54,8 +54,10 @@ class FusionKernel {
   using Key = c10::SmallVector<int64_t, 64>;
 
   // Shared: another thread may evict the entry from the cache while this one executes it.
-  std::shared_ptr<Compiled> compiled_for(const Inputs& inputs);
-  void compile(Compiled& c, const Inputs& inputs);
+  // args: the call's arguments (for maps_at).
+  std::shared_ptr<Compiled> compiled_for(const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
+  void compile(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
+  bool maps_at(c10::ArrayRef<c10::IValue> args);
   void run_fallback(torch::jit::Stack& stack);
 
   // Reads the group node's attributes and the partition's ports into the structs below; false if

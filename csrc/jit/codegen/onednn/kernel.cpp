@@ -266,7 +266,42 @@ const FusionKernel::Partition* FusionKernel::any_sizes() {
   return any_sizes_.get();
 }
 
-void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
+// Whether every op of the group maps to oneDNN at the sizes of these arguments as it did at the
+// profiled ones. The op table keeps some ops from oneDNN at some sizes only (onednn_quirks.h: a
+// broadcast oneDNN computes wrongly), and the partition for any sizes of the profiled ranks would
+// otherwise run them at sizes the fuser never saw. The group's ops run once, unfused, to learn the
+// sizes of every value; the op table then judges each op at them. Once per new input sizes.
+bool FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args) {
+  auto g = subgraph_->copy();
+  std::vector<Value*> made;
+  for (Node* n : g->nodes())
+    for (Value* v : n->outputs())
+      if (v->type()->cast<torch::jit::TensorType>()) made.push_back(v);
+  const size_t first = g->outputs().size();
+  for (Value* v : made) g->registerOutput(v);
+  Stack stack;
+  for (const c10::IValue& a : args) stack.push_back(a.isTensor() ? c10::IValue(llga_to_dense(a.toTensor())) : a);
+  for (size_t i = 0; i < args.size(); ++i)
+    if (stack[i].isTensor()) g->inputs()[i]->setType(torch::jit::TensorType::create(stack[i].toTensor()));
+  try {
+    torch::jit::Code code(g, "llga_sizes");
+    torch::jit::InterpreterState(code).run(stack);
+  } catch (const std::exception& e) {  // the caller's fallback run raises it where eager would
+    GRAPH_DEBUG("The group's ops failed on these inputs (", e.what(), ")");
+    return false;
+  }
+  for (size_t k = 0; k < made.size(); ++k)
+    if (stack[first + k].isTensor()) made[k]->setType(torch::jit::TensorType::create(stack[first + k].toTensor()));
+  for (const Node* n : g->nodes()) {
+    if (!find_entry(n) || map_node(n)) continue;
+    GRAPH_DEBUG("At these input sizes ", n->kind().toQualString(), " stays out of oneDNN (", unmapped_reason(n),
+                "): the group runs unfused for them");
+    return false;
+  }
+  return true;
+}
+
+void FusionKernel::compile(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args) {
   // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
   // oneDNN infers them, and outputs PyTorch reads come back contiguous.
   bool profiled_sizes = true;
@@ -275,7 +310,7 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
     auto sizes = is_llga_tensor(t) ? llga_impl(t).desc().get_dims() : t.dim() == 0 ? std::vector<int64_t>{1} : t.sizes().vec();
     profiled_sizes = profiled_sizes && sizes == port.sizes;
   }
-  const Partition* part = profiled_sizes ? &profiled_ : any_sizes();
+  const Partition* part = profiled_sizes ? &profiled_ : maps_at(args) ? any_sizes() : nullptr;
   if (!part) {
     GRAPH_DEBUG("No partition of the group compiles for other sizes; running it unfused:\n", *subgraph_);
     c.fallback = true;
@@ -354,7 +389,7 @@ void FusionKernel::compile(Compiled& c, const Inputs& inputs) {
   }
 }
 
-std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const Inputs& inputs) {
+std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const Inputs& inputs, c10::ArrayRef<c10::IValue> args) {
   Key key;
   for (const InPort& port : in_ports_)
     if (port.input != kConstantPort) append_key(key, inputs[port.input]);
@@ -371,7 +406,7 @@ std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const Inputs&
   }
   auto c = std::make_shared<Compiled>();
   c->key.assign(key.begin(), key.end());
-  compile(*c, inputs);
+  compile(*c, inputs, args);
   cache_.push_front(c);
   return c;
 }
@@ -399,7 +434,7 @@ void FusionKernel::run(Stack& stack) {
   auto args = torch::jit::last(stack, num_inputs_);
   for (size_t i = 0; i < num_inputs_; ++i)
     inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), inputs_[i].any_dense) : at::Tensor());
-  std::shared_ptr<Compiled> compiled = compiled_for(inputs);
+  std::shared_ptr<Compiled> compiled = compiled_for(inputs, args);
   Compiled& c = *compiled;
   if (c.fallback) return run_fallback(stack);
 
