@@ -268,6 +268,27 @@ def test_4d_linear_post_op_broadcast():
             torch.testing.assert_close(got, want, **FP32)
 
 
+def test_matmul_of_a_permuted_input():
+    # oneDNN 3.12 reads a matmul input whose batch dims lie between its matrix dims in memory ([B,K,H,M]
+    # permuted to [B,H,M,K]) wrongly when M == K, values from outside the tensor (off by up to 1e33;
+    # found by fuzzing): such an input is copied first. A transposed matrix is read as it is.
+    w = torch.randn(1, 3, 3, 8)
+    check(lambda a: torch.matmul(a.permute(0, 2, 3, 1), w), torch.randn(1, 3, 3, 3), groups=[["matmul"]])
+    for shape in [(1, 2, 2, 2), (2, 5, 2, 5)]:
+        check(lambda a, b: torch.matmul(a.permute(0, 2, 3, 1), b), torch.randn(shape),
+              torch.randn(shape[0], shape[2], shape[1], 8), groups=[["matmul"]])
+    check(lambda a: torch.matmul(a.transpose(2, 3), w), torch.randn(1, 3, 3, 3), groups=[["matmul"]])
+
+
+def test_matmul_of_a_permuted_group_output(all_partitions):
+    # The same layout as an LLGA tensor: a group's permute feeding the matmul's group.
+    w = torch.randn(1, 3, 3, 8)
+    check(lambda a: torch.matmul(torch.relu(a).permute(0, 2, 3, 1), w), torch.randn(1, 3, 3, 3),
+          groups=[["relu"], ["permute"], ["matmul"]])
+    check(lambda a: torch.matmul(a.permute(0, 2, 3, 1), w) + 1.0, torch.randn(1, 3, 3, 3),
+          groups=[["permute"], ["matmul", "add"]])
+
+
 @pytest.mark.parametrize("shape", [(1, 72, 28, 28), (2, 40, 7, 7)])
 def test_squeeze_excitation_hardsigmoid(shape):
     # MobileNetV3's block: the scale conv, its hardsigmoid and the channel-wise mul form one partition.

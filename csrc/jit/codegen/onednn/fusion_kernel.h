@@ -87,6 +87,7 @@ class FusionKernel {
   struct Input {
     bool guarded = false;    // a guard's output (kGuardedInputs)
     bool any_dense = false;  // read in any dense layout (see readable())
+    bool read_by_matmul = false;  // a matmul reads it (see readable())
     size_t ports = 0;        // how many input ports read it
   };
   // Per input port of the partition.

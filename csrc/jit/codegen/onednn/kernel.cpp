@@ -30,15 +30,46 @@ void* data_of(const at::Tensor& t) {
   return is_llga_tensor(t) ? llga_impl(t).data() : const_cast<void*>(t.const_data_ptr());
 }
 
+// Dense in this order of dims (outermost first), ignoring size-1 dims: PyTorch's own test.
+bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initializer_list<size_t> order);
+
+// Whether a matmul reads these strides right: batch dims outermost, each matrix row- or
+// column-major (quirks::copy_interleaved_matmul_inputs).
+bool batch_dims_outside(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  const size_t r = sizes.size();
+  if (r <= 2 || !quirks::copy_interleaved_matmul_inputs()) return true;
+  auto dense = [&](size_t last2, size_t last1) {
+    int64_t expected = 1;
+    for (size_t k = r; k-- > 0;) {
+      size_t d = k == r - 1 ? last1 : k == r - 2 ? last2 : k;
+      if (sizes[d] == 1) continue;
+      if (strides[d] != expected) return false;
+      expected *= sizes[d];
+    }
+    return true;
+  };
+  return dense(r - 2, r - 1) || dense(r - 1, r - 2);
+}
+
 // A tensor oneDNN can read in place: LLGA, or contiguous, or channels-last; any dense layout for
 // an input only convolutions and matmuls read in a group without binary ops (a transposed conv1d
-// input is "nwc", the layout the convolution wants: copying it cost XML-CNN three reorders).
-// Other dense layouts (a transposed tensor) are copied where quirks::copy_transposed_inputs() says.
-at::Tensor readable(const at::Tensor& t, bool any_dense = false) {
+// input is "nwc", the layout the convolution wants: copying it cost XML-CNN three reorders),
+// except a layout a matmul reads wrongly (batch_dims_outside). Other dense layouts (a transposed
+// tensor) are copied where quirks::copy_transposed_inputs() says.
+at::Tensor readable(const at::Tensor& t, bool any_dense = false, bool read_by_matmul = false) {
   if (t.is_neg() || t.is_conj()) return t.resolve_conj().resolve_neg().contiguous();  // lazy views: materialize
-  if (is_llga_tensor(t) || t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
-      (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) ||
-      ((any_dense || !quirks::copy_transposed_inputs()) && t.is_non_overlapping_and_dense()))
+  if (is_llga_tensor(t)) {
+    const auto& d = llga_impl(t).desc();
+    if (!read_by_matmul || d.get_layout_type() != logical_tensor::layout_type::strided ||
+        batch_dims_outside(d.get_dims(), d.get_strides()))
+      return t;
+    return llga_to_dense(t).contiguous();
+  }
+  if (t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+      (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)))
+    return t;
+  if ((any_dense || !quirks::copy_transposed_inputs()) && t.is_non_overlapping_and_dense() &&
+      (!read_by_matmul || batch_dims_outside(t.sizes(), t.strides())))
     return t;
   return t.contiguous();
 }
@@ -50,7 +81,12 @@ bool read_by_conv_or_matmul_only(const Value* v) {
   return !v->uses().empty();
 }
 
-// Dense in this order of dims (outermost first), ignoring size-1 dims: PyTorch's own test.
+bool read_by_matmul(const Value* v) {
+  for (const auto& use : v->uses())
+    if (find_entry(use.user) && find_entry(use.user)->kind == dnnl::graph::op::kind::MatMul) return true;
+  return false;
+}
+
 bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initializer_list<size_t> order) {
   int64_t expected = 1;
   for (auto d = std::rbegin(order); d != std::rend(order); ++d) {
@@ -185,6 +221,7 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
   for (size_t i = 0; i < num_inputs_; ++i) {
     inputs_[i].guarded = i < guarded.size() && guarded[i];
     inputs_[i].any_dense = binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]);
+    inputs_[i].read_by_matmul = read_by_matmul(subgraph_->inputs()[i]);
   }
 
   auto in_lts = profiled_.partition.get_input_ports();
@@ -433,7 +470,8 @@ void FusionKernel::run(Stack& stack) {
   Inputs inputs;
   auto args = torch::jit::last(stack, num_inputs_);
   for (size_t i = 0; i < num_inputs_; ++i)
-    inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), inputs_[i].any_dense) : at::Tensor());
+    inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), inputs_[i].any_dense, inputs_[i].read_by_matmul)
+                                        : at::Tensor());
   std::shared_ptr<Compiled> compiled = compiled_for(inputs, args);
   Compiled& c = *compiled;
   if (c.fallback) return run_fallback(stack);

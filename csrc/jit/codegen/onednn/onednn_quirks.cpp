@@ -207,6 +207,16 @@ bool copy_transposed_inputs() {
   return on;
 }
 
+// 3.12.0: a matmul input whose batch dims lie between its matrix dims in memory (a [B,K,H,M]
+// tensor permuted to [B,H,M,K]: strides [.., M, 1, H*M]) is read wrongly when M == K, off by up to
+// 1e33 (reads outside the tensor; fuzzing). Such inputs are copied to contiguous first; a
+// transposed matrix with its batch dims outermost is read right.
+// test_patterns.py::test_matmul_of_a_permuted_input.
+bool copy_interleaved_matmul_inputs() {
+  static const bool on = active("copy_interleaved_matmul_inputs");
+  return on;
+}
+
 // v3.2 and 3.12.0: oneDNN reads a layout from every stride, also of size-1 dims, which address
 // nothing. v3.2 crashed compiling an add of a [1] slice of stride 2, and read a channels-last int8
 // tensor with N = 1 whose N stride was not the outermost as "cdab" (int8 max-pool then ran its
