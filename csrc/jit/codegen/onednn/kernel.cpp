@@ -30,9 +30,6 @@ void* data_of(const at::Tensor& t) {
   return is_llga_tensor(t) ? llga_impl(t).data() : const_cast<void*>(t.const_data_ptr());
 }
 
-// Dense in this order of dims (outermost first), ignoring size-1 dims: PyTorch's own test.
-bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initializer_list<size_t> order);
-
 // Whether a matmul reads these strides right: batch dims outermost, each matrix row- or
 // column-major (quirks::copy_interleaved_matmul_inputs).
 bool batch_dims_outside(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
@@ -81,12 +78,14 @@ bool read_by_conv_or_matmul_only(const Value* v) {
   return !v->uses().empty();
 }
 
+// Whether a matmul in the group reads v (see readable()).
 bool read_by_matmul(const Value* v) {
   for (const auto& use : v->uses())
     if (find_entry(use.user) && find_entry(use.user)->kind == dnnl::graph::op::kind::MatMul) return true;
   return false;
 }
 
+// Dense in this order of dims (outermost first), ignoring size-1 dims: PyTorch's own test.
 bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initializer_list<size_t> order) {
   int64_t expected = 1;
   for (auto d = std::rbegin(order); d != std::rend(order); ++d) {
