@@ -192,7 +192,15 @@ class BufferPool {
   std::unordered_map<size_t, std::deque<Kept::iterator>> by_size_;  // rounded size -> its kept buffers, in kept_'s order
   std::unordered_map<void*, size_t> size_of_;                       // every pooled buffer, in use or kept
   size_t pooled_bytes_ = 0;
-  size_t limit_ = kPoolAllowed ? pool_limit_from_env(nullptr) : 0;
+  size_t limit_ = kPoolAllowed ? initial_limit() : 0;
+
+  // Python's import refuses an unreadable TORCH_LLGA_BUFFER_POOL_MB; a C++ program is told here.
+  static size_t initial_limit() {
+    std::string error;
+    size_t bytes = pool_limit_from_env(&error);
+    if (!error.empty()) std::fprintf(stderr, "torch_llga: %s; the pool keeps up to %lld MB\n", error.c_str(), (long long)kDefaultPoolMB);
+    return bytes;
+  }
 };
 
 BufferPool& pool() {
