@@ -32,3 +32,32 @@ def test_eight_threads_500_calls_each():
     assert not mismatches
     assert after["executions"] - before["executions"] == 8 * 500 * len(fused.groups)
     assert after["guard_failures"] == before["guard_failures"]
+
+
+def test_eight_threads_bring_new_sizes_at_once():
+    """Each thread brings its own input sizes to a shape-free group at the same moment: each size is
+    judged (kernel.cpp, maps_at) and compiled once, and every result equals eager. Half the threads'
+    sizes make the add a broadcast oneDNN gets wrong after a 4-D linear (onednn_quirks.h): those
+    run the group unfused."""
+    linear = nn.Linear(4, 8).requires_grad_(False)
+    fn = lambda a, b: torch.relu(linear(a)) + b  # noqa: E731
+    fused = check(fn, torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 8), groups=[["linear", "relu", "add"]])
+    sizes = [((b, 2, s, 4), (b, 2, s, 8) if i % 2 else (1, 1, s, 8)) for i, (b, s) in
+             enumerate([(1, 5), (3, 5), (2, 7), (4, 7), (3, 2), (2, 2), (4, 9), (1, 9)])]
+    inputs = [(torch.randn(a), torch.randn(b)) for a, b in sizes]
+    expected = [fn(a, b) for a, b in inputs]
+    errors = []
+    before = torch_llga.stats()
+
+    def worker(i):
+        for _ in range(50):
+            got = fused(*inputs[i])
+            if not torch.allclose(got, expected[i], rtol=1e-5, atol=1e-5):
+                errors.append((i, (got - expected[i]).abs().max().item()))
+
+    run_in_threads(worker, 8)
+    after = torch_llga.stats()
+    assert not errors, errors
+    assert after["guard_failures"] == before["guard_failures"]
+    assert after["executions"] - before["executions"] == 4 * 50  # the full-size operands
+    assert after["kernel_fallbacks"] - before["kernel_fallbacks"] == 4 * 50  # the broadcast ones
