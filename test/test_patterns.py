@@ -425,6 +425,42 @@ def test_transposed_inputs_to_binary_with_broadcast_post_op():
     torch.testing.assert_close(fused(a, b), fn(a, b), rtol=1e-5, atol=1e-5)
 
 
+def test_channels_last_input_to_a_binary_chain(all_partitions):
+    # oneDNN 3.12 applies a post-op operand broadcast along the last dim wrongly when a binary op's
+    # input is channels-last (c + x * 2: off by up to 17; (x * b) + c crashed; found by fuzzing),
+    # also when it is a group's channels-last output: such a chain's inputs are copied.
+    c, b = torch.randn(1, 8), torch.randn(2, 8, 8, 8)
+    x = torch.randn(2, 8, 8, 8).contiguous(memory_format=torch.channels_last)
+    check(lambda a: c + a * 2.0, x, groups=[["mul", "add"]])
+    check(lambda a: torch.relu(a * 2.0) + c, x, groups=[["mul", "relu", "add"]])
+    check(lambda a: a * b + c, x, groups=[["mul", "add"]])
+    conv = nn.Conv2d(3, 8, 3, padding=1).requires_grad_(False)
+
+    def fn(a):
+        y = conv(a)
+        return (y * 2.0 + c) * torch.tanh(y)
+
+    check(fn, torch.randn(2, 3, 8, 8), groups=[["_convolution"], ["tanh"], ["mul", "add", "mul"]])
+
+
+def test_channels_last_group_output_to_a_binary_chain():
+    # The same with default settings: the conv's output feeds two groups, so it stays an LLGA
+    # tensor in oneDNN's channels-last layout (off by up to 11 before the copy).
+    conv, conv2 = nn.Conv2d(3, 64, 3, padding=1), nn.Conv2d(64, 64, 1)
+    c = torch.randn(1, 64)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.conv2 = conv, conv2
+
+        def forward(self, a):
+            y = self.conv(a)
+            return (y * 2.0 + c) * 3.0, self.conv2(y)
+
+    check(Model(), torch.randn(1, 3, 64, 64), groups=[["_convolution"], ["mul", "add", "mul"], ["_convolution"]])
+
+
 class TransposedConv1d(nn.Module):
     """XML-CNN's shape: an embedding's [N, L, C] output transposed to [N, C, L] for conv1d."""
 

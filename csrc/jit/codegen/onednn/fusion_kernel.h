@@ -88,6 +88,7 @@ class FusionKernel {
     bool guarded = false;    // a guard's output (kGuardedInputs)
     bool any_dense = false;  // read in any dense layout (see readable())
     bool read_by_matmul = false;  // a matmul reads it (see readable())
+    bool plain_only = false;      // read by a chain of binary ops: contiguous only (see readable())
     size_t ports = 0;        // how many input ports read it
   };
   // Per input port of the partition.

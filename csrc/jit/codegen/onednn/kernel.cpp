@@ -52,17 +52,24 @@ bool batch_dims_outside(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
 // an input only convolutions and matmuls read in a group without binary ops (a transposed conv1d
 // input is "nwc", the layout the convolution wants: copying it cost XML-CNN three reorders),
 // except a layout a matmul reads wrongly (batch_dims_outside). Other dense layouts (a transposed
-// tensor) are copied where quirks::copy_transposed_inputs() says.
-at::Tensor readable(const at::Tensor& t, bool any_dense = false, bool read_by_matmul = false) {
+// tensor) are copied where quirks::copy_transposed_inputs() says, and every layout but the
+// contiguous one (channels-last too) where plain_only (binary_chain_of_binaries).
+at::Tensor readable(const at::Tensor& t, bool any_dense = false, bool read_by_matmul = false, bool plain_only = false) {
   if (t.is_neg() || t.is_conj()) return t.resolve_conj().resolve_neg().contiguous();  // lazy views: materialize
   if (is_llga_tensor(t)) {
     const auto& d = llga_impl(t).desc();
-    if (!read_by_matmul || d.get_layout_type() != logical_tensor::layout_type::strided ||
-        batch_dims_outside(d.get_dims(), d.get_strides()))
-      return t;
-    return llga_to_dense(t).contiguous();
+    if (d.get_layout_type() != logical_tensor::layout_type::strided) return t;
+    if (plain_only) {
+      auto dims = d.get_dims();
+      auto contiguous = c10::contiguous_strides(dims);
+      if (d.get_strides() != std::vector<int64_t>(contiguous.begin(), contiguous.end())) return llga_to_dense(t).contiguous();
+    }
+    if (read_by_matmul && !batch_dims_outside(d.get_dims(), d.get_strides())) return llga_to_dense(t).contiguous();
+    return t;
   }
-  if (t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+  if (t.is_contiguous()) return t;
+  if (plain_only) return t.contiguous();
+  if ((t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
       (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)))
     return t;
   if ((any_dense || !quirks::copy_transposed_inputs()) && t.is_non_overlapping_and_dense() &&
@@ -76,6 +83,20 @@ bool read_by_conv_or_matmul_only(const Value* v) {
   for (const auto& use : v->uses())
     if (!in_family(use.user, kContraction)) return false;
   return !v->uses().empty();
+}
+
+// Whether the group's main op is a binary op with binary post-ops: no convolution or matmul, two or
+// more binary ops. oneDNN 3.12 reads channels-last inputs of such a chain wrongly where a post-op
+// operand broadcasts along the last dim (c + x * 2: off by up to 17; (x * b) + c crashed; fuzzing),
+// so its inputs go to oneDNN contiguous (quirks::copy_transposed_inputs).
+bool binary_chain_of_binaries(const torch::jit::Graph& g) {
+  if (!quirks::copy_transposed_inputs()) return false;
+  int binaries = 0;
+  for (const Node* n : g.nodes()) {
+    if (in_family(n, kContraction)) return false;
+    binaries += is_binary_op(n);
+  }
+  return binaries >= 2;
 }
 
 // Whether a matmul in the group reads v (see readable()).
@@ -216,11 +237,13 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
   auto guarded = node->hasAttribute(kGuardedInputs) ? node->is(kGuardedInputs) : std::vector<int64_t>{};
   auto nodes = subgraph_->nodes();
   bool binary_free = std::none_of(nodes.begin(), nodes.end(), [](const Node* n) { return is_binary_op(n); });
+  bool binary_chain = binary_chain_of_binaries(*subgraph_);
   inputs_.resize(num_inputs_);
   for (size_t i = 0; i < num_inputs_; ++i) {
     inputs_[i].guarded = i < guarded.size() && guarded[i];
     inputs_[i].any_dense = binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]);
     inputs_[i].read_by_matmul = read_by_matmul(subgraph_->inputs()[i]);
+    inputs_[i].plain_only = binary_chain;
   }
 
   auto in_lts = profiled_.partition.get_input_ports();
@@ -469,7 +492,8 @@ void FusionKernel::run(Stack& stack) {
   Inputs inputs;
   auto args = torch::jit::last(stack, num_inputs_);
   for (size_t i = 0; i < num_inputs_; ++i)
-    inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), inputs_[i].any_dense, inputs_[i].read_by_matmul)
+    inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), inputs_[i].any_dense, inputs_[i].read_by_matmul,
+                                                   inputs_[i].plain_only)
                                         : at::Tensor());
   std::shared_ptr<Compiled> compiled = compiled_for(inputs, args);
   Compiled& c = *compiled;

@@ -201,7 +201,12 @@ bool int8_sum_of_own_input(const Value* residual, const Node* conv) {
 // post-op is applied along the wrong dim ((a.t() * b.t()) * c; relu(linear(x)) * c at new sizes;
 // fuzzing). Such inputs are copied to contiguous first (inputs read only by convs and matmuls of
 // a group without binary ops are not: a transposed conv1d input is the layout the conv wants).
-// test_patterns.py::test_transposed_inputs_to_binary_with_broadcast_post_op.
+// 3.12.0 does the same with channels-last inputs (and channels-last LLGA tensors) of a binary op
+// with binary post-ops, where a post-op operand broadcasts along the last dim: c + x * 2 was off
+// by up to 17, (x * b) + c crashed (fuzzing, on Zen 4): a group whose main op is binary
+// (kernel.cpp, binary_chain_of_binaries) gets its inputs contiguous.
+// test_patterns.py::test_transposed_inputs_to_binary_with_broadcast_post_op,
+// ::test_channels_last_input_to_a_binary_chain.
 bool copy_transposed_inputs() {
   static const bool on = active("copy_transposed_inputs");
   return on;
