@@ -461,6 +461,19 @@ def test_channels_last_group_output_to_a_binary_chain():
     check(Model(), torch.randn(1, 3, 64, 64), groups=[["_convolution"], ["mul", "add", "mul"], ["_convolution"]])
 
 
+def test_layer_norm_then_full_size_add():
+    # oneDNN 3.12 computes layer_norm(x) + y wrongly where y has the output's sizes (its "sum"
+    # post-op; off by up to 4.6 at BERT's [1, 128, 768], AMD Zen 4; found by fuzzing): that add
+    # stays in PyTorch. A broadcast operand and the other binary ops fuse.
+    ln = nn.LayerNorm(64).requires_grad_(False)
+    x = torch.randn(2, 16, 64)
+    check(lambda a, b: ln(a) + b, x, torch.randn(2, 16, 64), groups=[["layer_norm"]])
+    check(lambda a, b: b + ln(a), torch.randn(1, 16, 64), torch.randn(16, 64), groups=[["layer_norm"]])  # the same sum
+    check(lambda a: ln(a) + x, torch.randn(2, 16, 64), groups=[["layer_norm"]])  # a constant operand
+    check(lambda a, b: ln(a) + b, x, torch.randn(1, 16, 64), groups=[["layer_norm", "add"]])
+    check(lambda a, b: ln(a) * b, x, torch.randn(2, 16, 64), groups=[["layer_norm", "mul"]])
+
+
 class TransposedConv1d(nn.Module):
     """XML-CNN's shape: an embedding's [N, L, C] output transposed to [N, C, L] for conv1d."""
 

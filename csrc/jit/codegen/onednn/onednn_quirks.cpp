@@ -114,6 +114,26 @@ bool linear_4d_broadcast_post_op(const Node* binary) {
   return false;
 }
 
+// 3.12.0: a layer norm followed by an add of a tensor of the output's own sizes (which oneDNN
+// makes a "sum" post-op: layer_norm(x) + residual) is computed wrongly, off by up to 4.6 at
+// BERT's [1, 128, 768] (jit:uni layer_normalization, AMD Zen 4; fuzzing). A broadcast operand (a
+// binary post-op) and sub/mul/div are right. PyTorch's built-in fuser gets it wrong too. Such an
+// add stays in PyTorch. test_patterns.py::test_layer_norm_then_full_size_add.
+bool layer_norm_sum_post_op(const Node* binary) {
+  if (!active("layer_norm_sum_post_op")) return false;
+  const OpEntry* e = find_entry(binary);
+  if (!e || e->kind != K::Add) return false;
+  auto out = sizes(binary->output());
+  for (size_t i = 0; i < 2; ++i) {
+    if (!fed_by(binary->input(i), K::LayerNorm)) continue;
+    auto o = sizes(binary->input(1 - i));
+    if (out.empty() || o.empty() || o.size() > out.size()) continue;
+    o.insert(o.begin(), out.size() - o.size(), 1);  // [4, 8] against [1, 4, 8]: the same sum
+    if (o == out) return true;
+  }
+  return false;
+}
+
 // v3.2 and 3.12.0: after a batched matmul, an operand broadcast along the last dim ([3,2,8] + [1,2,1]) is
 // added wrongly, also with other post-ops between (relu(linear(x)) * c; fuzzing, at a batch size
 // other than the traced one). test_patterns.py::test_batched_matmul_then_per_row_add.
