@@ -472,6 +472,16 @@ def test_layer_norm_then_full_size_add():
     check(lambda a: ln(a) + x, torch.randn(2, 16, 64), groups=[["layer_norm"]])  # a constant operand
     check(lambda a, b: ln(a) + b, x, torch.randn(1, 16, 64), groups=[["layer_norm", "add"]])
     check(lambda a, b: ln(a) * b, x, torch.randn(2, 16, 64), groups=[["layer_norm", "mul"]])
+    # Fused as a broadcast; at sizes where the operand is full-size the group runs unfused.
+    fused = check(lambda a, b: ln(a) + b, x, torch.randn(1, 16, 64), groups=[["layer_norm", "add"]])
+    a, b = torch.randn(1, 16, 64), torch.randn(1, 16, 64)
+    before = torch_llga.stats()["kernel_fallbacks"]
+    torch.testing.assert_close(fused(a, b), ln(a) + b, **FP32)
+    assert torch_llga.stats()["kernel_fallbacks"] == before + 1
+    # BERT's residual: a layer norm's output added to a linear's is the linear's post-op, still fused.
+    lin = nn.Linear(64, 64).requires_grad_(False)
+    fused = check(lambda a: lin(ln(a)) + ln(a), x, groups=SOME)
+    assert ["linear", "add"] in fused.groups, fused.groups
 
 
 class TransposedConv1d(nn.Module):

@@ -131,8 +131,8 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
   }
 }
 
-// The binary ops oneDNN put in one partition with a pooling op they read, where it computes them
-// wrongly (quirks::pooling_binary_post_op). The same op may rightly be a convolution's post-op in
+// The binary ops oneDNN put in one partition with a pooling op or a layer norm they read, where it
+// computes them wrongly (quirks::pooling_binary_post_op, quirks::layer_norm_sum_post_op). The same op may rightly be a convolution's post-op in
 // another partitioning (ResNet's residual add reads a max-pool output): the fuser excludes these
 // and asks oneDNN again.
 std::vector<Node*> pooling_post_ops(const BuiltGraph& built) {
@@ -142,7 +142,8 @@ std::vector<Node*> pooling_post_ops(const BuiltGraph& built) {
     auto nodes = built.nodes_of(p);
     std::unordered_set<const Node*> members(nodes.begin(), nodes.end());
     for (Node* n : nodes)
-      if (is_binary_op(n) && quirks::pooling_binary_post_op(n, members)) found.push_back(n);
+      if (is_binary_op(n) && (quirks::pooling_binary_post_op(n, members) || quirks::layer_norm_sum_post_op(n, members)))
+        found.push_back(n);
   }
   return found;
 }
@@ -166,7 +167,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
   for (Node* n : built.shape_specific) n->i_(kShapeSpecific, 1);  // read by InsertGuards
   if (!built.failure.empty())
     for (const auto& [id, n] : built.op_nodes) n->s_(kUnfusedReason, "oneDNN could not partition this block: " + built.failure);
-  for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling output: oneDNN computes that post-op wrongly (onednn_quirks.h)");
+  for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling or layer norm output: oneDNN computes that post-op wrongly (onednn_quirks.h)");
 
   std::vector<std::pair<std::vector<Node*>, const dnnl::graph::partition*>> partitions;
   for (const auto& p : built.partitions) {

@@ -351,7 +351,13 @@ bool FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args) {
   }
   for (size_t k = 0; k < made.size(); ++k)
     if (stack[first + k].isTensor()) made[k]->setType(torch::jit::TensorType::create(stack[first + k].toTensor()));
+  std::unordered_set<const Node*> members;
+  for (const Node* n : g->nodes()) members.insert(n);
   for (const Node* n : g->nodes()) {
+    if (is_binary_op(n) && quirks::layer_norm_sum_post_op(n, members)) {
+      GRAPH_DEBUG("At these input sizes the add after the layer norm is a sum oneDNN gets wrong: the group runs unfused for them");
+      return false;
+    }
     if (!find_entry(n) || map_node(n)) continue;
     GRAPH_DEBUG("At these input sizes ", n->kind().toQualString(), " stays out of oneDNN (", unmapped_reason(n),
                 "): the group runs unfused for them");

@@ -114,18 +114,21 @@ bool linear_4d_broadcast_post_op(const Node* binary) {
   return false;
 }
 
-// 3.12.0: a layer norm followed by an add of a tensor of the output's own sizes (which oneDNN
-// makes a "sum" post-op: layer_norm(x) + residual) is computed wrongly, off by up to 4.6 at
+// 3.12.0: a layer norm followed, in its partition, by an add of a tensor of the output's own sizes
+// (which oneDNN makes a "sum" post-op: layer_norm(x) + y) is computed wrongly, off by up to 4.6 at
 // BERT's [1, 128, 768] (jit:uni layer_normalization, AMD Zen 4; fuzzing). A broadcast operand (a
-// binary post-op) and sub/mul/div are right. PyTorch's built-in fuser gets it wrong too. Such an
-// add stays in PyTorch. test_patterns.py::test_layer_norm_then_full_size_add.
-bool layer_norm_sum_post_op(const Node* binary) {
+// binary post-op) and sub/mul/div are right. PyTorch's built-in fuser gets it wrong too. The same
+// add may rightly be a matmul's post-op (BERT's dense + residual, the residual a layer norm's
+// output), so the fuser asks this of the partitions oneDNN formed, and the kernel again at new
+// input sizes (a broadcast may become a sum). test_patterns.py::test_layer_norm_then_full_size_add.
+bool layer_norm_sum_post_op(const Node* binary, const std::unordered_set<const Node*>& partition) {
   if (!active("layer_norm_sum_post_op")) return false;
   const OpEntry* e = find_entry(binary);
   if (!e || e->kind != K::Add) return false;
   auto out = sizes(binary->output());
   for (size_t i = 0; i < 2; ++i) {
-    if (!fed_by(binary->input(i), K::LayerNorm)) continue;
+    const Node* ln = producer(binary->input(i), K::LayerNorm);
+    if (!ln || !partition.count(ln)) continue;
     auto o = sizes(binary->input(1 - i));
     if (out.empty() || o.empty() || o.size() > out.size()) continue;
     o.insert(o.begin(), out.size() - o.size(), 1);  // [4, 8] against [1, 4, 8]: the same sum

@@ -18,7 +18,6 @@ using torch::jit::Node;
 // op_table.cpp: mappings refused.
 bool matmul_last_dim_broadcast_post_op(const Node* binary);  // matmul(..) + [.., 1]: wrong
 bool one_element_layer_norm_post_op(const Node* binary);     // layer_norm(1 element) + c: wrong
-bool layer_norm_sum_post_op(const Node* binary);            // layer_norm(x) + y, y of the output's sizes: wrong
 bool linear_4d_broadcast_post_op(const Node* binary);       // linear(4-D) + [1,1,3,8] at [2,1,3,8]: wrong
 bool matrix_vector_product(const Node* matmul);           // N = 1: several times slower than PyTorch
 bool bf16_round(const Node* round);                       // no bf16 Round kernel: fails to compile
@@ -29,6 +28,8 @@ bool dilated_unit_kernel();
 
 // graph_fuser.cpp: binary ops sharing a partition with the pooling they read.
 bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
+// layer_norm(x) + y in one partition, y of the output's sizes (oneDNN's sum post-op): wrong.
+bool layer_norm_sum_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
 
 // prepare_quantization.cpp: an int8 conv/linear whose residual add reads the conv's own input.
 bool int8_sum_of_own_input(const torch::jit::Value* residual, const Node* conv);
