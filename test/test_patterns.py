@@ -551,6 +551,15 @@ def test_global_average_pool_reads_the_conv_output_in_onednn_layout():
         torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+def test_transposed_operand_with_size_one_batch_dims():
+    # The strides torch_llga gives size-1 dims must not tie with a permuted dim's: a transposed
+    # [2,1,1,2,2] operand got [.., 2, 1, 2] and oneDNN misread it (off by up to 4.8; fuzzing).
+    for shape in [(2, 1, 1, 2, 2), (2, 2, 1, 2, 3)]:
+        check(lambda a, b: torch.matmul(a, b.transpose(-1, -2)), torch.randn(shape), torch.randn(shape),
+              groups=[["matmul"]])
+    check(lambda a: torch.matmul(a, a.transpose(-1, -2)), torch.randn(2, 1, 1, 2, 2), groups=[["matmul"]])
+
+
 def test_permuted_output_with_a_size_one_dim(all_partitions):
     # oneDNN 3.12 makes linear -> permute's [2, 1, 8] output with strides [8, 16, 1] (a size-1 dim's
     # stride addresses nothing) and an add reading that computed wrong values (off by up to 1.2;

@@ -119,7 +119,7 @@ bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initi
 
 // Strides with those of size-1 dims (which address nothing) made canonical, where
 // quirks::canonical_unit_dim_strides() says: dense tensors (contiguous or channels-last) get that
-// format's own strides; others the next dim's extent.
+// format's own strides; others the largest extent of the later dims.
 std::vector<int64_t> unit_dims_dense(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
   if (std::find(sizes.begin(), sizes.end(), 1) == sizes.end() || !quirks::canonical_unit_dim_strides()) return strides.vec();
   auto contiguous = [&] { auto s = c10::contiguous_strides(sizes); return std::vector<int64_t>(s.begin(), s.end()); };
@@ -127,9 +127,16 @@ std::vector<int64_t> unit_dims_dense(c10::IntArrayRef sizes, c10::IntArrayRef st
   if (sizes.size() == 4 && dense_in_order(sizes, strides, {0, 2, 3, 1})) return c10::get_channels_last_strides_2d(sizes);
   if (sizes.size() == 5 && dense_in_order(sizes, strides, {0, 1, 2, 3, 4})) return contiguous();
   if (sizes.size() == 5 && dense_in_order(sizes, strides, {0, 2, 3, 4, 1})) return c10::get_channels_last_strides_3d(sizes);
+  // A size-1 dim outside every later dim in memory: the next dim's extent alone could tie with
+  // another dim's stride when the later dims are permuted (a transposed [2,1,1,k,2] matrix gave
+  // [.., k, 1, k]), and oneDNN then misread the layout (fuzzing).
   std::vector<int64_t> r(strides.begin(), strides.end());
-  for (size_t d = r.size(); d-- > 0;)
-    if (sizes[d] == 1) r[d] = d + 1 < r.size() ? r[d + 1] * std::max<int64_t>(sizes[d + 1], 1) : 1;
+  for (size_t d = r.size(); d-- > 0;) {
+    if (sizes[d] != 1) continue;
+    int64_t outside = 1;
+    for (size_t e = d + 1; e < r.size(); ++e) outside = std::max<int64_t>(outside, r[e] * std::max<int64_t>(sizes[e], 1));
+    r[d] = outside;
+  }
   return r;
 }
 

@@ -252,7 +252,9 @@ bool copy_interleaved_matmul_inputs() {
 // test_int8.py::test_int8_kernels_are_not_reference_ones), but computes wrong values where its own
 // output carries such a stride: linear -> permute gives [2, 1, 8] with strides [8, 16, 1], and an
 // add reading that was off by up to 1.2 (fuzzing; test_patterns.py::test_permuted_output_with_a_size_one_dim).
-// Such strides go to oneDNN canonical.
+// Such strides go to oneDNN canonical: outside every later dim (a stride tying with a permuted
+// dim's, [.., k, 1, k] for a transposed [2,1,1,k,2], was misread too: fuzzing;
+// test_patterns.py::test_transposed_operand_with_size_one_batch_dims).
 bool canonical_unit_dim_strides() {
   static const bool on = active("canonical_unit_dim_strides");
   return on;
