@@ -10,7 +10,9 @@ namespace llga {
 LlgaTensorImpl::LlgaTensorImpl(c10::Storage&& storage, const caffe2::TypeMeta& dtype,
                                const dnnl::graph::logical_tensor& desc)
     : c10::TensorImpl(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::MkldnnCPU), dtype),
-      desc_(desc) {
+      desc_(desc),
+      layout_strides_(desc.get_layout_type() == dnnl::graph::logical_tensor::layout_type::strided ? desc.get_strides()
+                                                                                                   : std::vector<int64_t>{}) {
   set_sizes_contiguous(desc.get_dims());
 }
 

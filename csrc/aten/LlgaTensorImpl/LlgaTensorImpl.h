@@ -16,12 +16,15 @@ class LlgaTensorImpl : public c10::TensorImpl {
 
   // The layout of the memory: dims, data type and the layout (strided or opaque layout id).
   const dnnl::graph::logical_tensor& desc() const { return desc_; }
+  // A strided layout's strides, read once (the kernel checks them on every call); empty if opaque.
+  c10::IntArrayRef layout_strides() const { return layout_strides_; }
   void* data() const { return storage_.mutable_data(); }
 
   const char* tensorimpl_type_name() const override { return "llga::LlgaTensorImpl"; }
 
  private:
   dnnl::graph::logical_tensor desc_;
+  std::vector<int64_t> layout_strides_;
 };
 
 // Allocates an LLGA tensor for an output logical tensor queried from a compiled partition.

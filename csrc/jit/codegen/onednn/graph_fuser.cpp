@@ -132,18 +132,17 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
 }
 
 // The binary ops oneDNN put in one partition with a pooling op or a layer norm they read, where it
-// computes them wrongly (quirks::pooling_binary_post_op, quirks::layer_norm_sum_post_op). The same op may rightly be a convolution's post-op in
-// another partitioning (ResNet's residual add reads a max-pool output): the fuser excludes these
-// and asks oneDNN again.
-std::vector<Node*> pooling_post_ops(const BuiltGraph& built) {
+// computes them wrongly (quirks::wrong_in_partition). The same op may rightly be a convolution's
+// or matmul's post-op in another partitioning (ResNet's residual add reads a max-pool output): the
+// fuser excludes these and asks oneDNN again.
+std::vector<Node*> wrong_post_ops(const BuiltGraph& built) {
   std::vector<Node*> found;
   for (const auto& p : built.partitions) {
     if (!p.is_supported()) continue;
     auto nodes = built.nodes_of(p);
     std::unordered_set<const Node*> members(nodes.begin(), nodes.end());
     for (Node* n : nodes)
-      if (is_binary_op(n) && (quirks::pooling_binary_post_op(n, members) || quirks::layer_norm_sum_post_op(n, members)))
-        found.push_back(n);
+      if (is_binary_op(n) && quirks::wrong_in_partition(n, members)) found.push_back(n);
   }
   return found;
 }
@@ -159,7 +158,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
     return !db.hasWriters(n) && std::find(excluded.begin(), excluded.end(), n) == excluded.end();
   };
   BuiltGraph built = build_graph(block, opts);
-  for (auto bad = pooling_post_ops(built); !bad.empty(); bad = pooling_post_ops(built)) {
+  for (auto bad = wrong_post_ops(built); !bad.empty(); bad = wrong_post_ops(built)) {
     excluded.insert(excluded.end(), bad.begin(), bad.end());  // each round excludes more nodes: it ends
     built = build_graph(block, opts);
   }

@@ -5,6 +5,7 @@
 #include <c10/util/strides.h>
 #include <algorithm>
 #include <atomic>
+#include <numeric>
 #include <unordered_set>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/jit_log.h>
@@ -30,22 +31,27 @@ void* data_of(const at::Tensor& t) {
   return is_llga_tensor(t) ? llga_impl(t).data() : const_cast<void*>(t.const_data_ptr());
 }
 
+// Dense in this order of dims (outermost first), ignoring size-1 dims: PyTorch's own test.
+bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ArrayRef<size_t> order) {
+  int64_t expected = 1;
+  for (auto d = order.rbegin(); d != order.rend(); ++d) {
+    if (sizes[*d] == 1) continue;
+    if (strides[*d] != expected) return false;
+    expected *= sizes[*d];
+  }
+  return true;
+}
+
 // Whether a matmul reads these strides right: batch dims outermost, each matrix row- or
 // column-major (quirks::copy_interleaved_matmul_inputs).
 bool batch_dims_outside(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
   const size_t r = sizes.size();
   if (r <= 2 || !quirks::copy_interleaved_matmul_inputs()) return true;
-  auto dense = [&](size_t last2, size_t last1) {
-    int64_t expected = 1;
-    for (size_t k = r; k-- > 0;) {
-      size_t d = k == r - 1 ? last1 : k == r - 2 ? last2 : k;
-      if (sizes[d] == 1) continue;
-      if (strides[d] != expected) return false;
-      expected *= sizes[d];
-    }
-    return true;
-  };
-  return dense(r - 2, r - 1) || dense(r - 1, r - 2);
+  c10::SmallVector<size_t, 8> order(r);
+  std::iota(order.begin(), order.end(), size_t(0));
+  if (dense_in_order(sizes, strides, order)) return true;
+  std::swap(order[r - 2], order[r - 1]);
+  return dense_in_order(sizes, strides, order);
 }
 
 // A tensor oneDNN can read in place: LLGA, or contiguous, or channels-last; any dense layout for
@@ -57,14 +63,13 @@ bool batch_dims_outside(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
 at::Tensor readable(const at::Tensor& t, bool any_dense = false, bool read_by_matmul = false, bool plain_only = false) {
   if (t.is_neg() || t.is_conj()) return t.resolve_conj().resolve_neg().contiguous();  // lazy views: materialize
   if (is_llga_tensor(t)) {
-    const auto& d = llga_impl(t).desc();
-    if (d.get_layout_type() != logical_tensor::layout_type::strided) return t;
-    if (plain_only) {
-      auto dims = d.get_dims();
-      auto contiguous = c10::contiguous_strides(dims);
-      if (d.get_strides() != std::vector<int64_t>(contiguous.begin(), contiguous.end())) return llga_to_dense(t).contiguous();
-    }
-    if (read_by_matmul && !batch_dims_outside(d.get_dims(), d.get_strides())) return llga_to_dense(t).contiguous();
+    auto strides = llga_impl(t).layout_strides();  // empty: oneDNN's own opaque layout
+    if (strides.empty() || !(plain_only || read_by_matmul)) return t;
+    c10::SmallVector<size_t, 8> in_order(t.dim());
+    std::iota(in_order.begin(), in_order.end(), size_t(0));
+    bool plain = dense_in_order(t.sizes(), strides, in_order);
+    if ((plain_only && !plain) || (read_by_matmul && !batch_dims_outside(t.sizes(), strides)))
+      return llga_to_dense(t).contiguous();
     return t;
   }
   if (t.is_contiguous()) return t;
@@ -101,20 +106,11 @@ bool binary_chain_of_binaries(const torch::jit::Graph& g) {
 
 // Whether a matmul in the group reads v (see readable()).
 bool read_by_matmul(const Value* v) {
-  for (const auto& use : v->uses())
-    if (find_entry(use.user) && find_entry(use.user)->kind == dnnl::graph::op::kind::MatMul) return true;
-  return false;
-}
-
-// Dense in this order of dims (outermost first), ignoring size-1 dims: PyTorch's own test.
-bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, std::initializer_list<size_t> order) {
-  int64_t expected = 1;
-  for (auto d = std::rbegin(order); d != std::rend(order); ++d) {
-    if (sizes[*d] == 1) continue;
-    if (strides[*d] != expected) return false;
-    expected *= sizes[*d];
+  for (const auto& use : v->uses()) {
+    const OpEntry* e = find_entry(use.user);
+    if (e && e->kind == dnnl::graph::op::kind::MatMul) return true;
   }
-  return true;
+  return false;
 }
 
 // Strides with those of size-1 dims (which address nothing) made canonical, where
@@ -148,8 +144,7 @@ void append_key(Key& key, const at::Tensor& t) {
     key.push_back(d.get_layout_type() == logical_tensor::layout_type::opaque ? static_cast<int64_t>(d.get_layout_id()) : -2);
     key.push_back(t.dim());
     for (auto s : t.sizes()) key.push_back(s);
-    if (d.get_layout_type() == logical_tensor::layout_type::strided)
-      for (auto s : d.get_strides()) key.push_back(s);
+    for (auto s : llga_impl(t).layout_strides()) key.push_back(s);  // empty if opaque
   } else {
     key.push_back(-1);
     key.push_back(t.dim());
@@ -361,8 +356,8 @@ bool FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args) {
   std::unordered_set<const Node*> members;
   for (const Node* n : g->nodes()) members.insert(n);
   for (const Node* n : g->nodes()) {
-    if (is_binary_op(n) && quirks::layer_norm_sum_post_op(n, members)) {
-      GRAPH_DEBUG("At these input sizes the add after the layer norm is a sum oneDNN gets wrong: the group runs unfused for them");
+    if (is_binary_op(n) && quirks::wrong_in_partition(n, members)) {
+      GRAPH_DEBUG("At these input sizes oneDNN computes ", n->kind().toQualString(), " wrongly as a post-op: the group runs unfused for them");
       return false;
     }
     if (!find_entry(n) || map_node(n)) continue;
