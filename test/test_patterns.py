@@ -576,3 +576,35 @@ def test_dilated_size_one_kernel_bf16():
     fn = lambda a: F.conv1d(a.relu(), w, None, 2, 1, 2)  # noqa: E731
     fused = check(fn, torch.randn(2, 8, 1).bfloat16(), rtol=0, atol=0, groups=SOME)
     assert ["_convolution"] in fused.groups
+
+
+def test_per_channel_post_op_of_a_binary_at_unit_spatial():
+    # oneDNN 3.12 applies one channel's value to all where a binary op's binary post-op reads a
+    # per-channel operand ([1, C, 1, 1]) and the output is [N > 1, C, 1, 1]: ((x * 2) + c).relu()
+    # at [256, 1024, 1, 1] was off by up to 20 in default settings (found by fuzzing). That post-op
+    # stays in PyTorch.
+    c = torch.randn(1024, 1, 1)
+
+    def f(x):
+        return ((x * 2) + c).relu()
+
+    fused = check(f, torch.randn(256, 1024, 1, 1), groups=[])
+    assert "add" in fused.unfused
+    # Any spatial dim above 1 is right: fused. At sizes where it is [N, C, 1, 1], the group runs unfused.
+    fused = check(f, torch.randn(256, 1024, 1, 2), groups=[["mul", "add", "relu"]])
+    x = torch.randn(256, 1024, 1, 1)
+    before = torch_llga.stats()["kernel_fallbacks"]
+    torch.testing.assert_close(fused(x), f(x), **FP32)
+    assert torch_llga.stats()["kernel_fallbacks"] == before + 1
+    # A convolution's per-channel post-op at [N, C, 1, 1] is right: still fused.
+    conv = nn.Conv2d(64, 64, 1).requires_grad_(False)
+    check(lambda a: conv(a) + c[:64], torch.randn(8, 64, 1, 1), groups=[["_convolution", "add"]])
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 1), (2, 3, 1, 1), (3, 2, 1, 1, 1)])
+def test_per_channel_post_op_at_unit_spatial_every_rank(all_partitions, shape):
+    c = torch.randn(shape[1:])
+    c = c.reshape(shape[1], *[1] * (len(shape) - 2))  # per channel: [C, 1, ..]
+    check(lambda x, y: (x * y) + c, torch.randn(shape), torch.randn(shape), groups=[["mul"]])
+    check(lambda x: (x + 1).log() * c, torch.randn(shape).abs(), groups=[["add", "log"]])
+    check(lambda x: (x * c) + 1, torch.randn(shape), groups=[["mul", "add"]])  # per-channel main op: right

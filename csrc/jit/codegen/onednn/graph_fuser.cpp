@@ -131,8 +131,8 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
   }
 }
 
-// The binary ops oneDNN put in one partition with a pooling op or a layer norm they read, where it
-// computes them wrongly (quirks::wrong_in_partition). The same op may rightly be a convolution's
+// The binary ops oneDNN put in a partition where it computes them wrongly (a pooling or layer norm
+// they read, a binary main op at unit spatial sizes: quirks::wrong_in_partition). The same op may rightly be a convolution's
 // or matmul's post-op in another partitioning (ResNet's residual add reads a max-pool output): the
 // fuser excludes these and asks oneDNN again.
 std::vector<Node*> wrong_post_ops(const BuiltGraph& built) {
@@ -166,7 +166,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
   for (Node* n : built.shape_specific) n->i_(kShapeSpecific, 1);  // read by InsertGuards
   if (!built.failure.empty())
     for (const auto& [id, n] : built.op_nodes) n->s_(kUnfusedReason, "oneDNN could not partition this block: " + built.failure);
-  for (Node* n : excluded) n->s_(kUnfusedReason, "a binary op on a pooling or layer norm output: oneDNN computes that post-op wrongly (onednn_quirks.h)");
+  for (Node* n : excluded) n->s_(kUnfusedReason, "a post-op oneDNN computes wrongly in this partition (onednn_quirks.h, wrong_in_partition)");
 
   std::vector<std::pair<std::vector<Node*>, const dnnl::graph::partition*>> partitions;
   for (const auto& p : built.partitions) {

@@ -210,6 +210,34 @@ bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const N
   return false;
 }
 
+// 3.12.0: a binary op whose binary post-op's operand is per channel ([1, C, 1, ..]) on an output of
+// three or more dims, N > 1 and every dim after C of size 1 ([N, C, 1, 1]), applies one channel's
+// value to all (jit:uni binary; ((x * 2) + c).relu() at [256, 1024, 1, 1] off by up to 20 in default
+// settings; a convolution's or matmul's post-ops, 2-D, N = 1 or any spatial dim > 1 are right;
+// fuzzing, on Zen 4). Such a post-op stays in PyTorch. test_patterns.py::test_per_channel_post_op_of_a_binary_at_unit_spatial.
+bool per_channel_post_op_at_unit_spatial(const Node* binary, const std::unordered_set<const Node*>& partition) {
+  if (!active("per_channel_post_op_at_unit_spatial")) return false;
+  auto out = sizes(binary->output());
+  if (out.size() < 3 || out[0] <= 1 || out[1] <= 1 || std::any_of(out.begin() + 2, out.end(), [](int64_t d) { return d != 1; }))
+    return false;
+  // A post-op of a binary main op: the partition has another binary op and no contraction, and
+  // this one reads a value computed in the partition.
+  bool other_binary = false;
+  for (const Node* n : partition) {
+    if (in_family(n, kContraction)) return false;
+    other_binary |= n != binary && is_binary_op(n);
+  }
+  if (!other_binary) return false;
+  for (size_t i = 0; i < 2; ++i) {
+    if (!partition.count(binary->input(i)->node())) continue;
+    auto o = sizes(binary->input(1 - i));  // the post-op's operand, right-aligned to the output
+    if (o.empty() || o.size() > out.size()) continue;
+    o.insert(o.begin(), out.size() - o.size(), 1);
+    if (o[0] == 1 && o[1] == out[1]) return true;
+  }
+  return false;
+}
+
 // 3.12.0: an int8 conv whose sum post-op reads the conv's own (dequantized) input, conv(y) + y,
 // does not compile ("could not create a primitive descriptor for the reorder primitive"; v3.2
 // compiled it). Such an add keeps the conv's requantization and runs in PyTorch.

@@ -30,9 +30,12 @@ bool dilated_unit_kernel();
 bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
 // layer_norm(x) + y in one partition, y of the output's sizes (oneDNN's sum post-op): wrong.
 bool layer_norm_sum_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
-// Either of the two above: asked by the fuser of each partition, and by the kernel at new sizes.
+// A binary op's post-op with a per-channel operand at [N > 1, C, 1, ..]: wrong.
+bool per_channel_post_op_at_unit_spatial(const Node* binary, const std::unordered_set<const Node*>& partition);
+// Any of the three above: asked by the fuser of each partition, and by the kernel at new sizes.
 inline bool wrong_in_partition(const Node* binary, const std::unordered_set<const Node*>& partition) {
-  return pooling_binary_post_op(binary, partition) || layer_norm_sum_post_op(binary, partition);
+  return pooling_binary_post_op(binary, partition) || layer_norm_sum_post_op(binary, partition) ||
+         per_channel_post_op_at_unit_spatial(binary, partition);
 }
 
 // prepare_quantization.cpp: an int8 conv/linear whose residual add reads the conv's own input.
