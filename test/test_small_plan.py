@@ -1,4 +1,4 @@
-"""Small-graph plans: a whole graph of tiny fp32 tensors runs as one llga::SmallPlan step (small_plan.h)."""
+"""Small-graph plans: a whole graph of tiny fp32 or bf16 tensors runs as one llga::SmallPlan step (small_plan.h)."""
 import pytest
 import torch
 import torch.nn as nn
@@ -170,6 +170,106 @@ def test_ops(case):
         ops = (small_plans(fused.graph) or [[]])[0]
         assert ops, fused.graph
     planned(Ops(forward), *inputs, ops=ops)
+
+
+# ---- bf16: the same fp32 steps, each result rounded to bf16 as eager's bf16 kernels round theirs ----
+
+# Where matmuls feed a rounding, the plan's fp32 sums and eager's (MKL's, oneDNN's) add in other
+# orders and can round to neighbouring bf16 values (1 ulp, 0.4-0.8% relative), which later ops
+# carry on: the suite's bf16 tolerance (test_bf16.py).
+BF16 = dict(rtol=3e-2, atol=3e-2)
+# Elementwise-only graphs compute each op in fp32 and round it, as eager does: at most one bf16
+# ulp apart (transcendental functions are other fp32 approximations, which can round the other way).
+BF16_ULP = dict(rtol=2 ** -7, atol=1e-6)
+
+
+def bf16(model, inputs):
+    return model.eval().to(torch.bfloat16), tuple(x.to(torch.bfloat16) for x in inputs)
+
+
+@pytest.mark.parametrize("name", ["deep_and_wide", "deep_and_wide_64"])
+def test_bf16_deep_and_wide_is_one_plan(name):
+    model, inputs = bf16(*MODELS[name](1))
+    fused = planned(model, *inputs, ops=DEEP_AND_WIDE_OPS, **BF16)
+    assert fused.output.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("case", ["scalar_operands", "add_sub_alpha", "broadcast_both", "unary", "more_unary", "log_sqrt",
+                                  "maximum_minimum", "views", "cat"])
+def test_bf16_elementwise_rounds_every_op_as_eager(case):
+    forward, inputs, ops = CASES[case]
+    module, inputs = bf16(Ops(forward), inputs)
+    fused = planned(module, *inputs, ops=ops, **BF16_ULP)
+    assert fused.output.dtype == torch.bfloat16
+
+
+def test_bf16_rounds_after_each_op_not_only_at_the_end():
+    """(x * 3) / 3 in bf16 is not x: the product is rounded first, as eager rounds it. Without
+    that rounding the plan would return x exactly, and differ from eager."""
+    def f(x):
+        return x * 3 / 3
+
+    x = (torch.arange(1, 257, dtype=torch.float32) / 7).to(torch.bfloat16)
+    with torch.no_grad():
+        expected = f(x)
+    assert not torch.equal(expected, x)  # eager's rounding shows
+    fused = planned(f, x, ops=["mul", "div"], rtol=0, atol=0)
+    assert torch.equal(fused.output, expected)
+
+
+def test_bf16_new_size_falls_back_then_gets_its_own_plan():
+    model, inputs = bf16(*MODELS["deep_and_wide"](1))
+    fused = planned(model, *inputs, ops=DEEP_AND_WIDE_OPS, **BF16)
+    other = tuple(torch.randn(5, *x.shape[1:], dtype=torch.bfloat16) for x in inputs)
+    before = torch_llga.stats()
+    with torch_llga.enabled():
+        for _ in range(3):
+            torch.testing.assert_close(fused(*other), model(*other), **BF16)
+    after = torch_llga.stats()
+    assert after["guard_failures"] - before["guard_failures"] == 3
+    assert after["plan_runs"] - before["plan_runs"] == 2
+    fp32 = tuple(x.float() for x in inputs)  # an fp32 call of the bf16 plan: the guard sends it to the fallback
+    with pytest.raises(RuntimeError):  # as eager does: bf16 weights, fp32 input
+        model(*fp32)
+    with pytest.raises(RuntimeError):
+        fused(*fp32)
+
+
+def test_bf16_graph_with_an_fp32_input_is_no_plan():
+    """Mixed dtypes promote (bf16 + fp32 is fp32): one dtype a plan, or no plan."""
+    def f(x, y):
+        return torch.relu(x) + y
+
+    x, y = torch.randn(3, 5, dtype=torch.bfloat16), torch.randn(3, 5)
+    fused = Fused(f, (x, y))
+    assert small_plans(fused.graph) == []
+    torch.testing.assert_close(fused(x, y), f(x, y), **FP32)
+
+
+def test_bf16_mlp_at_batch_1_goes_to_onednn():
+    """bf16's one-row limit is lower (small_plan.h): oneDNN's bf16 dot products read half the bytes."""
+    model, inputs = bf16(*MODELS["mlp"](1))
+    fused = Fused(model, inputs)
+    assert small_plans(fused.graph) == [] and fused.groups == [["linear", "relu"], ["linear", "relu"], ["linear"]]
+    torch.testing.assert_close(fused(*inputs), model(*inputs), **BF16)
+
+
+def test_bf16_eight_threads():
+    model, inputs = bf16(*MODELS["deep_and_wide_64"](1))
+    fused = planned(model, *inputs, ops=DEEP_AND_WIDE_OPS, **BF16)
+    batches = [tuple(torch.randn(x.shape, dtype=torch.bfloat16) for x in inputs) for _ in range(8)]
+    with torch.no_grad():
+        expected = [fused(*b) for b in batches]  # one thread's results: the others must match them exactly
+        for b, e in zip(batches, expected):
+            torch.testing.assert_close(e, model(*b), **BF16)
+    before = torch_llga.stats()["plan_runs"]
+
+    def run(i):
+        for _ in range(200):
+            assert torch.equal(fused(*batches[i]), expected[i])
+
+    run_in_threads(run, 8)
+    assert torch_llga.stats()["plan_runs"] - before == 8 * 200
 
 
 def test_too_large_for_a_plan_goes_to_onednn():

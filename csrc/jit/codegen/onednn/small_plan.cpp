@@ -7,6 +7,10 @@
 // one Step: an elementwise loop nest (broadcasts and cat's slices are strides), or a matmul.
 // Run time: one pointer per buffer, then the steps in order. Nothing is shared between calls but
 // the immutable program, so threads may run one plan at once.
+//
+// bf16 graphs run the same fp32 steps, as eager's bf16 kernels do (they compute in fp32 and round
+// each op's result): inputs and bf16 constants are widened to fp32 (exactly), every computing
+// step rounds what it writes to bf16 precision, and the outputs are narrowed at the end.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/ir/constants.h>
@@ -91,6 +95,7 @@ struct Step {
   Fn fn = Fn::kCopy;
   Ref out, a, b, bias;
   bool has_bias = false;
+  bool round_bf16 = false;  // its results rounded to bf16 precision (a bf16 graph's computing steps)
   float alpha = 1, lo = 0, hi = 0;  // add/sub alpha; clamp bounds; leaky_relu slope (alpha)
   Nest nest;
   // MatMul: out[p, i, j] = sum_k a[p, i, k] * b[p, k, j] (+ bias[i, j]), strides per (p, i/k, k/j).
@@ -101,6 +106,7 @@ struct Step {
 }  // namespace
 
 struct SmallProgram {
+  bool bf16 = false;  // the graph's tensors are bf16: inputs and outputs are staged as fp32 (below)
   size_t inputs = 0;
   std::vector<at::Tensor> constants;  // held (frozen: never written)
   std::vector<float*> constant_data;  // their memory, read once at compile time
@@ -108,6 +114,9 @@ struct SmallProgram {
   std::vector<std::vector<int64_t>> output_sizes;  // one per output buffer
   std::vector<int> outputs;                        // per subgraph output, its output buffer
   std::vector<Step> steps;
+  // bf16: where each input and output buffer is staged as fp32, past the scratch floats.
+  std::vector<int64_t> input_numel, input_at, output_at;
+  int64_t staged_floats = 0;
 };
 
 namespace {
@@ -136,6 +145,34 @@ template <class F>
     for (int64_t i = 0; i < n; ++i) o[i] = f(x, b[i]);
   } else {
     for (int64_t i = 0; i < n; ++i) o[i * so] = f(a[i * sa], b[i * sb]);
+  }
+}
+
+// fp32 <-> bf16 as eager's casts: round to nearest even (NaN stays NaN), and widening is exact.
+[[gnu::always_inline]] inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+void widen_bf16(const c10::BFloat16* __restrict from, float* __restrict to, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(from);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(to + i, &u, sizeof u);
+  }
+}
+
+void narrow_bf16(const float* __restrict from, c10::BFloat16* __restrict to, int64_t n) {
+  uint16_t* bits = reinterpret_cast<uint16_t*>(to);
+  for (int64_t i = 0; i < n; ++i) {
+    float x = round_bf16(from[i]);
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    bits[i] = static_cast<uint16_t>(u >> 16);
   }
 }
 
@@ -228,6 +265,14 @@ template <class F>
         return 0.5f * x * (1.f + std::tanh(kBeta * (x + kKappa * x * x * x)));
       });
   }
+}
+
+// A bf16 graph's elementwise step rounds its output in place afterwards (a second pass over a few
+// hundred floats: cheaper than a rounding copy of every step's loop).
+void round_output(const Nest& nest, float* o) {
+  for_each_row(nest, o, o, o, [](float* o, const float*, const float*, int64_t n, int64_t so, int64_t, int64_t) {
+    for (int64_t i = 0; i < n; ++i) o[i * so] = round_bf16(o[i * so]);
+  });
 }
 
 // Dot product of n pairs with unit strides, in two 8-lane vector sums (gcc's vector extension:
@@ -334,6 +379,9 @@ typedef float Vec8 __attribute__((vector_size(32)));
     if (s.has_bias)
       for (int64_t i = 0; i < s.m; ++i)
         for (int64_t j = j0; j < j1; ++j) op[i * s.os[1] + j * s.os[2]] += bias[i * s.bias_s[0] + j * s.bias_s[1]];
+    if (s.round_bf16)  // once, after the bias: eager's bf16 matmuls accumulate (and add it) in fp32
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = j0; j < j1; ++j) op[i * s.os[1] + j * s.os[2]] = round_bf16(op[i * s.os[1] + j * s.os[2]]);
   }
 }
 
@@ -352,7 +400,9 @@ void run_plan(const SmallProgram& p, Stack& stack) {
   const size_t n_out = p.output_sizes.size();
   // The scratch area of this thread (a plan runs to its end before its thread runs another).
   thread_local std::vector<float> scratch;
-  if (static_cast<int64_t>(scratch.size()) < p.scratch_floats) scratch.resize(p.scratch_floats);
+  const int64_t floats = p.scratch_floats + p.staged_floats;
+  if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);
+  float* staged = scratch.data() + p.scratch_floats;
   // On the stack: a call allocates only its outputs (and dense copies of strided inputs).
   c10::SmallVector<float*, 8> inputs(p.inputs), outputs(n_out);
   auto args = torch::jit::last(stack, p.inputs);
@@ -361,12 +411,17 @@ void run_plan(const SmallProgram& p, Stack& stack) {
   c10::SmallVector<at::Tensor, 8> dense(p.inputs);
   for (size_t i = 0; i < p.inputs; ++i) {
     dense[i] = args[i].toTensor().contiguous();
-    inputs[i] = const_cast<float*>(dense[i].const_data_ptr<float>());
+    if (p.bf16) {
+      inputs[i] = staged + p.input_at[i];
+      widen_bf16(dense[i].const_data_ptr<c10::BFloat16>(), inputs[i], p.input_numel[i]);
+    } else {
+      inputs[i] = const_cast<float*>(dense[i].const_data_ptr<float>());
+    }
   }
   c10::SmallVector<at::Tensor, 4> results;
   for (size_t i = 0; i < n_out; ++i) {
-    results.push_back(at::empty(p.output_sizes[i], at::TensorOptions().dtype(at::kFloat)));
-    outputs[i] = results.back().data_ptr<float>();
+    results.push_back(at::empty(p.output_sizes[i], at::TensorOptions().dtype(p.bf16 ? at::kBFloat16 : at::kFloat)));
+    outputs[i] = p.bf16 ? staged + p.output_at[i] : results.back().data_ptr<float>();
   }
   auto ptr = [&](const Ref& r) -> float* {
     switch (r.space) {
@@ -382,7 +437,10 @@ void run_plan(const SmallProgram& p, Stack& stack) {
       matmul(s, ptr(s.out), ptr(s.a), ptr(s.b), s.has_bias ? ptr(s.bias) : nullptr);
     else
       elementwise(s, ptr(s.out), ptr(s.a), ptr(s.b));
+    if (s.round_bf16 && s.kind == Step::kElementwise) round_output(s.nest, ptr(s.out));
   }
+  if (p.bf16)
+    for (size_t i = 0; i < n_out; ++i) narrow_bf16(outputs[i], results[i].data_ptr<c10::BFloat16>(), results[i].numel());
   torch::jit::drop(stack, p.inputs);
   for (int o : p.outputs) stack.emplace_back(results[o]);
   runtime::stats().plan_runs.fetch_add(1, std::memory_order_relaxed);
@@ -395,9 +453,17 @@ class Compiler {
   Compiler(const Graph& g, SmallProgram& p) : g_(g), p_(p) {}
 
   bool compile() {
+    // One dtype for the whole graph, its first input's (fp32 or bf16): mixed graphs promote.
+    for (const Value* v : g_.inputs())
+      if (auto t = v->type()->cast<TensorType>(); t && t->scalarType()) {
+        dtype_ = *t->scalarType();
+        break;
+      }
+    if (dtype_ != at::kFloat && dtype_ != at::kBFloat16) return fail("a graph of neither fp32 nor bf16 tensors");
+    p_.bf16 = dtype_ == at::kBFloat16;
     for (const Value* v : g_.inputs()) {
       auto sizes = profiled_sizes(v);
-      if (!sizes) return fail("input " + v->debugName() + " is not a float tensor of known sizes");
+      if (!sizes) return fail("input " + v->debugName() + " is not a " + dtype_name() + " tensor of known sizes");
       Layout l{{kInput, static_cast<int>(p_.inputs++), 0}, *sizes, contiguous_strides(*sizes)};  // made dense by run_plan
       layouts_[v] = l;
     }
@@ -413,7 +479,7 @@ class Compiler {
           return fail(std::string(n->kind().toQualString()) + "'s output differs from its profile");
       }
     }
-    const int64_t max_macs = small_plan_max_macs(rows_);
+    const int64_t max_macs = small_plan_max_macs(rows_, p_.bf16);
     if (macs_ > max_macs) return fail("more than " + std::to_string(max_macs) + " multiply-adds");
     std::unordered_map<const Value*, int> output_of;
     for (const Value* v : g_.outputs()) {
@@ -437,6 +503,17 @@ class Compiler {
       p_.outputs.push_back(l.ref.index);
     }
     p_.scratch_floats = scratch_;
+    if (p_.bf16) {  // the staging area: inputs, then outputs
+      for (size_t i = 0; i < p_.inputs; ++i) {
+        p_.input_numel.push_back(c10::multiply_integers(*profiled_sizes(g_.inputs()[i])));
+        p_.input_at.push_back(p_.staged_floats);
+        p_.staged_floats += (p_.input_numel.back() + 15) / 16 * 16;
+      }
+      for (const auto& sizes : p_.output_sizes) {
+        p_.output_at.push_back(p_.staged_floats);
+        p_.staged_floats += (c10::multiply_integers(sizes) + 15) / 16 * 16;
+      }
+    }
     for (const at::Tensor& t : p_.constants) p_.constant_data.push_back(const_cast<float*>(t.const_data_ptr<float>()));
     return true;
   }
@@ -462,9 +539,11 @@ class Compiler {
     return false;
   }
 
-  static std::optional<std::vector<int64_t>> profiled_sizes(const Value* v) {
+  const char* dtype_name() const { return p_.bf16 ? "bf16" : "fp32"; }
+
+  std::optional<std::vector<int64_t>> profiled_sizes(const Value* v) const {
     auto t = v->type()->cast<TensorType>();
-    if (!t || t->scalarType() != at::kFloat || !t->device() || !t->device()->is_cpu()) return std::nullopt;
+    if (!t || t->scalarType() != dtype_ || !t->device() || !t->device()->is_cpu()) return std::nullopt;
     auto sizes = t->sizes().concrete_sizes();
     if (!sizes || sizes->size() > static_cast<size_t>(kMaxDims)) return std::nullopt;
     return sizes;
@@ -479,9 +558,10 @@ class Compiler {
     at::Tensor t;
     if (c->isTensor()) {
       t = c->toTensor();
-      if (t.scalar_type() != at::kFloat || !t.device().is_cpu() || t.layout() != c10::kStrided || t.is_neg() || t.is_conj() ||
+      if (t.scalar_type() != dtype_ || !t.device().is_cpu() || t.layout() != c10::kStrided || t.is_neg() || t.is_conj() ||
           t.dim() > kMaxDims)
         return nullptr;
+      if (p_.bf16) t = t.contiguous().to(at::kFloat);  // exact; the steps read fp32
     } else if (c->isDouble() || c->isInt()) {  // a Scalar operand
       t = at::scalar_tensor(c->toScalar(), at::kFloat);
     } else {
@@ -554,6 +634,7 @@ class Compiler {
   void elementwise_step(Fn fn, const Layout& out, std::vector<const Layout*> in, float alpha = 1, float lo = 0, float hi = 0) {
     Step s;
     s.fn = fn;
+    s.round_bf16 = p_.bf16 && fn != Fn::kCopy;  // a copy moves values that are bf16 already
     s.alpha = alpha, s.lo = lo, s.hi = hi;
     s.out = out.ref;
     s.a = in[0]->ref;
@@ -767,6 +848,7 @@ class Compiler {
     if (ra < 2 || rb < 2 || rb > 3 || (rb == 3 && ra != 3)) return fail("a matmul of ranks the plan has no step for");
     Step s;
     s.kind = Step::kMatMul;
+    s.round_bf16 = p_.bf16;
     s.k = a.sizes[ra - 1];
     if (b.sizes[rb - 2] != s.k) return fail("matmul operands that do not match");
     s.n = b.sizes[rb - 1];
@@ -957,6 +1039,7 @@ class Compiler {
   std::unordered_map<const Value*, Layout> layouts_;
   std::unordered_set<const Value*> wanted_;  // the subgraph's outputs
   std::vector<const Value*> owner_;          // per output buffer, the value computed into it
+  at::ScalarType dtype_ = at::kFloat;
   int64_t scratch_ = 0, macs_ = 0, rows_ = 0;
   std::string why_;
 };

@@ -1,5 +1,5 @@
 #pragma once
-// The small-graph plan: a whole graph of tiny fp32 tensors (DeepAndWide, ranking heads) run as one
+// The small-graph plan: a whole graph of tiny fp32 or bf16 tensors (DeepAndWide, ranking heads) run as one
 // native step, llga::SmallPlan, instead of one interpreter instruction and one ATen dispatch per op.
 // On such graphs the arithmetic is a few hundred nanoseconds and the framework around it is the
 // rest: TorchScript spends ~1 us a node, ATen ~0.6 us an op even when called from C++ (measured on
@@ -28,9 +28,15 @@ constexpr int64_t kSmallPlanMaxMacs = 64 * 1024;         // multiply-adds of all
 constexpr int64_t kSmallPlanMaxMatVecRows = 4;           // ... unless no matmul has more rows than this,
 constexpr int64_t kSmallPlanMaxMatVecMacs = 160 * 1024;  // then up to these,
 constexpr int64_t kSmallPlanMaxVecMacs = 640 * 1024;     // or these when every matmul has one row (MLP at batch 1)
+// bf16 graphs: the plan computes in fp32 from fp32 copies of the weights, oneDNN with bf16 dot
+// products over half the bytes, so one-row work crosses over sooner. Measured the same way (bf16,
+// AMD EPYC Zen 4, 2 threads): 1.96x at 1x128x128, 1.38x at 1x256x256, 1.00x at 1x384x384, 0.89x at
+// 1x512x512; 1.16x at 4x128x128; 1.04x at 16x64x64 (under the limit already).
+constexpr int64_t kSmallPlanMaxVecMacsBf16 = 256 * 1024;
 
-constexpr int64_t small_plan_max_macs(int64_t rows) {
-  return rows <= 1 ? kSmallPlanMaxVecMacs : rows <= kSmallPlanMaxMatVecRows ? kSmallPlanMaxMatVecMacs : kSmallPlanMaxMacs;
+constexpr int64_t small_plan_max_macs(int64_t rows, bool bf16) {
+  return rows <= 1 ? (bf16 ? kSmallPlanMaxVecMacsBf16 : kSmallPlanMaxVecMacs)
+                   : rows <= kSmallPlanMaxMatVecRows ? kSmallPlanMaxMatVecMacs : kSmallPlanMaxMacs;
 }
 
 struct SmallProgram;
