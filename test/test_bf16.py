@@ -83,3 +83,29 @@ def test_bf16_batch_norm_with_fp32_statistics():
     a, b = (torch.randn(1, 16, 14, 14, dtype=torch.bfloat16) for _ in range(2))
     fused = check(DenseLayerHead(), a, b, groups=[["batch_norm", "relu"]], **BF16)  # cat: too small alone
     assert fused.output.dtype == torch.bfloat16
+
+
+class ResidualLayerNorm(nn.Module):
+    """BERT's residual block: LN(dense(x) + x)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x):
+        return self.norm(self.dense(x) + x)
+
+
+def test_bf16_layer_norm_is_fused():
+    # oneDNN forms no partition of a bf16 LayerNorm with bf16 weights; DecomposeOps gives it fp32
+    # copies of the frozen ones (PyTorch widens them to fp32 itself: the same values).
+    model = ResidualLayerNorm().eval().to(torch.bfloat16)
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    fused = check(model, x, groups=[["linear", "add"], ["layer_norm"]], **BF16)
+    assert fused.output.dtype == torch.bfloat16
+    # Alone, one rounding of fp32 math on both sides: within one bf16 ulp.
+    check(model.norm, x, groups=[["layer_norm"]], rtol=2 ** -7, atol=1e-6)
+    # Unfrozen, the weights are no constants: the layer norm stays in PyTorch.
+    fused = check(model, x, groups=[["linear", "add"]], freeze=False, **BF16)
+    assert "layer_norm" in fused.unfused

@@ -238,6 +238,26 @@ void decompose_sdpa(torch::jit::Block* block) {
   }
 }
 
+// A bf16 layer norm's constant bf16 weight and bias -> fp32 copies: oneDNN 3.12 forms no partition
+// of a bf16 LayerNorm with bf16 gamma/beta (its kernels take them in fp32), and PyTorch's own
+// kernel computes the same either way (it widens them to fp32 itself; widening is exact).
+void widen_bf16_layer_norm_params(torch::jit::Block* block) {
+  for (Node* n : block->nodes()) {
+    for (auto* b : n->blocks()) widen_bf16_layer_norm_params(b);
+    if (!n->matches("aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
+                    "float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor"))
+      continue;
+    auto x = n->input(0)->type()->cast<torch::jit::TensorType>();
+    if (!x || x->scalarType() != at::kBFloat16) continue;
+    for (size_t i : {2, 3}) {
+      auto c = n->input(i)->node()->kind() == c10::prim::Constant ? torch::jit::toIValue(n->input(i)) : std::nullopt;
+      if (!c || !c->isTensor() || c->toTensor().scalar_type() != at::kBFloat16) continue;
+      torch::jit::WithInsertPoint at(n);
+      n->replaceInput(i, block->owningGraph()->insertConstant(c->toTensor().to(at::kFloat)));
+    }
+  }
+}
+
 }  // namespace
 
 void DecomposeOps(std::shared_ptr<Graph>& g) {
@@ -265,6 +285,7 @@ void DecomposeOps(std::shared_ptr<Graph>& g) {
   });
 
   remove_eval_dropout(g->block());
+  widen_bf16_layer_norm_params(g->block());
   fill_missing_types(g->block());
   GRAPH_DUMP("After DecomposeOps", g);
 }

@@ -406,7 +406,7 @@ const std::vector<OpEntry>& op_table() {
       {"aten::batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled) -> Tensor",
        K::BatchNormInference, kWorthAlone | kShapePreserving | kKeepsNaN | kFloatParams, batch_norm},
       {"aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor",
-       K::LayerNorm, kWorthAlone | kShapePreserving, layer_norm},
+       K::LayerNorm, kWorthAlone | kShapePreserving | kFloatParams, layer_norm},
       {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, linear},
       {"aten::matmul(Tensor self, Tensor other) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul},
       {"aten::mm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul},
