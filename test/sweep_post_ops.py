@@ -1,0 +1,111 @@
+"""Sweep of binary post-ops: every broadcast pattern of the post-op's operand, after each kind of
+main op, over small shapes with size-1 dims and in several input layouts, each partition made a
+group (the fuser's all-partitions mode), compared with eager at 1e-5.
+
+The random fuzzer (test_fuzz.py) found oneDNN faults in exactly this corner one at a time (a 4-D
+linear's broadcast post-op, channels-last binary chains, a per-channel post-op at unit spatial
+sizes); this walks the corner systematically. Not part of `make test` (minutes):
+
+    python test/sweep_post_ops.py [--quick]
+
+Prints each case whose fused result differs from eager, and the count of cases checked.
+"""
+import argparse
+import itertools
+import sys
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_llga
+
+SHAPES = [(2, 3), (1, 3), (3, 1), (2, 3, 1), (2, 1, 3), (1, 3, 2), (2, 3, 2),
+          (2, 3, 1, 1), (1, 3, 1, 1), (2, 3, 2, 1), (2, 3, 1, 2), (2, 1, 2, 3), (1, 3, 2, 2), (2, 3, 2, 2),
+          (2, 3, 1, 1, 1), (2, 3, 2, 1, 2), (1, 2, 1, 2, 3), (2, 16, 1, 1), (3, 17, 1, 1), (2, 8, 3, 5)]
+QUICK_SHAPES = [(2, 3), (2, 3, 1), (2, 3, 1, 1), (2, 3, 2, 1), (1, 3, 2, 2), (2, 3, 1, 1, 1), (2, 16, 1, 1)]
+
+
+def operand_shapes(shape):
+    """Every broadcast pattern of a post-op operand: each dim kept or 1, also with fewer dims."""
+    seen = []
+    for mask in itertools.product([0, 1], repeat=len(shape)):
+        s = tuple(d if m else 1 for d, m in zip(shape, mask))
+        for drop in range(len(s)):  # leading size-1 dims dropped (right-aligned broadcasting)
+            t = s[drop:]
+            if drop and s[drop - 1] != 1:
+                break
+            if t not in seen:
+                seen.append(t)
+    return seen
+
+
+def layouts(x):
+    yield "contiguous", x
+    if x.dim() == 4:
+        yield "channels_last", x.contiguous(memory_format=torch.channels_last)
+    if x.dim() >= 2:
+        yield "transposed", x.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def main_ops(shape):
+    """(name, f(x)) for each main op the post-op may follow; f keeps x's shape."""
+    c = shape[1]
+    ops = [("mul_scalar", lambda x: x * 2), ("add_full", lambda x, y=torch.randn(shape): x + y),
+           ("relu", torch.relu), ("abs", torch.abs)]
+    ops.append(("linear", lambda x, lin=nn.Linear(shape[-1], shape[-1]).requires_grad_(False): lin(x)))
+    if len(shape) == 4:
+        ops.append(("conv1x1", lambda x, conv=nn.Conv2d(c, c, 1).requires_grad_(False): conv(x)))
+    if len(shape) >= 3:
+        ops.append(("matmul", lambda x, w=torch.randn(shape[-1], shape[-1]): torch.matmul(x, w)))
+    ops.append(("layer_norm", lambda x, n=shape[-1]: F.layer_norm(x, (n,))))
+    return ops
+
+
+POST_OPS = [("add", torch.add), ("mul", torch.mul), ("sub", torch.sub), ("maximum", torch.maximum)]
+
+
+def check(f, x):
+    class M(nn.Module):
+        def forward(self, a):
+            return f(a)
+
+    m = M().eval()
+    with torch.no_grad():
+        expected = m(x)
+        fused = torch.jit.freeze(torch.jit.trace(m, x, check_trace=False))
+        fused(x)
+        got = fused(x)
+    return (got - expected).abs().max().item() / max(1.0, expected.abs().max().item())
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer shapes (about a minute)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    torch_llga.enable()
+    torch_llga._C._set_fuse_all_partitions(True)
+    bad, checked = [], 0
+    for shape in QUICK_SHAPES if args.quick else SHAPES:
+        for (main_name, main), (post_name, post) in itertools.product(main_ops(shape), POST_OPS):
+            for operand in operand_shapes(shape):
+                y = torch.randn(operand)
+                for first in (False, True):
+                    def f(x, main=main, post=post, y=y, first=first):
+                        return post(y, main(x)) if first else post(main(x), y)
+
+                    for layout, x in layouts(torch.randn(shape)):
+                        err = check(f, x)
+                        checked += 1
+                        if not err <= 1e-5:
+                            bad.append((shape, layout, main_name, post_name, operand, "operand first" if first else "", err))
+                            print(*bad[-1], flush=True)
+    print(f"{checked} cases, {len(bad)} wrong")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
