@@ -1,17 +1,19 @@
 """Sweep of binary post-ops: every broadcast pattern of the post-op's operand, after each kind of
 main op, over small shapes with size-1 dims and in several input layouts, each partition made a
-group (the fuser's all-partitions mode), compared with eager at 1e-5.
+group (the fuser's all-partitions mode), compared with eager at 1e-5 (fp32) or 2^-5 (bf16) of
+the output's largest magnitude.
 
 The random fuzzer (test_fuzz.py) found oneDNN faults in exactly this corner one at a time (a 4-D
 linear's broadcast post-op, channels-last binary chains, a per-channel post-op at unit spatial
 sizes); this walks the corner systematically. Not part of `make test` (minutes):
 
-    python test/sweep_post_ops.py [--quick]
+    python test/sweep_post_ops.py [--quick] [--dtype bf16]
 
 Prints each case whose fused result differs from eager, and the count of cases checked.
 """
 import argparse
 import itertools
+import subprocess
 import sys
 import warnings
 
@@ -49,17 +51,22 @@ def layouts(x):
         yield "transposed", x.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
-def main_ops(shape):
+def main_ops(shape, dtype):
     """(name, f(x)) for each main op the post-op may follow; f keeps x's shape."""
     c = shape[1]
-    ops = [("mul_scalar", lambda x: x * 2), ("add_full", lambda x, y=torch.randn(shape): x + y),
+    ops = [("mul_scalar", lambda x: x * 2), ("add_full", lambda x, y=torch.randn(shape, dtype=dtype): x + y),
            ("relu", torch.relu), ("abs", torch.abs)]
-    ops.append(("linear", lambda x, lin=nn.Linear(shape[-1], shape[-1]).requires_grad_(False): lin(x)))
+    ops.append(("linear", lambda x, lin=nn.Linear(shape[-1], shape[-1]).requires_grad_(False).to(dtype): lin(x)))
     if len(shape) == 4:
-        ops.append(("conv1x1", lambda x, conv=nn.Conv2d(c, c, 1).requires_grad_(False): conv(x)))
+        ops.append(("conv1x1", lambda x, conv=nn.Conv2d(c, c, 1).requires_grad_(False).to(dtype): conv(x)))
     if len(shape) >= 3:
-        ops.append(("matmul", lambda x, w=torch.randn(shape[-1], shape[-1]): torch.matmul(x, w)))
+        ops.append(("matmul", lambda x, w=torch.randn(shape[-1], shape[-1], dtype=dtype): torch.matmul(x, w)))
     ops.append(("layer_norm", lambda x, n=shape[-1]: F.layer_norm(x, (n,))))
+    ops.append(("gelu", F.gelu))
+    ops.append(("softmax", lambda x: torch.softmax(x, -1)))
+    bn = dict(mean=torch.randn(c, dtype=dtype), var=torch.rand(c, dtype=dtype) + 0.5, w=torch.randn(c, dtype=dtype),
+              b=torch.randn(c, dtype=dtype))
+    ops.append(("batch_norm", lambda x, p=bn: F.batch_norm(x, p["mean"], p["var"], p["w"], p["b"], False, 0.1, 1e-5)))
     return ops
 
 
@@ -77,33 +84,62 @@ def check(f, x):
         fused = torch.jit.freeze(torch.jit.trace(m, x, check_trace=False))
         fused(x)
         got = fused(x)
-    return (got - expected).abs().max().item() / max(1.0, expected.abs().max().item())
+    return (got.double() - expected.double()).abs().max().item() / max(1.0, expected.abs().max().item())
+
+
+def sweep(shape, dtype):
+    """Checks every case of one shape; returns (cases checked, wrong ones)."""
+    torch.manual_seed(0)
+    # bf16: a fused chain keeps fp32 between its ops where eager rounds each to bf16 (a few bf16
+    # ulps of the output); a broadcast along the wrong dim is off by the operands' size, ~1.
+    tol = 2 ** -5 if dtype == torch.bfloat16 else 1e-5
+    bad, checked = [], 0
+    for (main_name, main), (post_name, post) in itertools.product(main_ops(shape, dtype), POST_OPS):
+        for operand in operand_shapes(shape):
+            y = torch.randn(operand, dtype=dtype)
+            for first in (False, True):
+                def f(x, main=main, post=post, y=y, first=first):
+                    return post(y, main(x)) if first else post(main(x), y)
+
+                for layout, x in layouts(torch.randn(shape, dtype=dtype)):
+                    err = check(f, x)
+                    checked += 1
+                    if not err <= tol:
+                        bad.append((shape, layout, main_name, post_name, operand, "operand first" if first else "", err))
+                        print(*bad[-1], flush=True)
+    return checked, len(bad)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="fewer shapes (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="fewer shapes (a few minutes)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--shape", help=argparse.SUPPRESS)  # one shape, in a child process
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
     torch_llga.enable()
     torch_llga._C._set_fuse_all_partitions(True)
-    bad, checked = [], 0
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    if args.shape:
+        checked, bad = sweep(tuple(int(d) for d in args.shape.split(",")), dtype)
+        print(f"checked {checked} {bad}")
+        return 0
+    # One process per shape: PyTorch keeps every traced module's code and constants until exit
+    # (~130 KB each here; thousands of cases a shape), so a single process would grow by gigabytes.
+    checked = bad = 0
     for shape in QUICK_SHAPES if args.quick else SHAPES:
-        for (main_name, main), (post_name, post) in itertools.product(main_ops(shape), POST_OPS):
-            for operand in operand_shapes(shape):
-                y = torch.randn(operand)
-                for first in (False, True):
-                    def f(x, main=main, post=post, y=y, first=first):
-                        return post(y, main(x)) if first else post(main(x), y)
-
-                    for layout, x in layouts(torch.randn(shape)):
-                        err = check(f, x)
-                        checked += 1
-                        if not err <= 1e-5:
-                            bad.append((shape, layout, main_name, post_name, operand, "operand first" if first else "", err))
-                            print(*bad[-1], flush=True)
-    print(f"{checked} cases, {len(bad)} wrong")
+        out = subprocess.run([sys.executable, __file__, "--dtype", args.dtype, "--shape", ",".join(map(str, shape))],
+                             capture_output=True, text=True)
+        lines = out.stdout.splitlines()
+        if out.returncode or not lines or not lines[-1].startswith("checked "):
+            print(shape, "failed:", out.stderr[-2000:], flush=True)
+            bad += 1
+            continue
+        for line in lines[:-1]:
+            print(line, flush=True)
+        n, b = map(int, lines[-1].split()[1:])
+        checked, bad = checked + n, bad + b
+    print(f"{checked} cases, {bad} wrong")
     return 1 if bad else 0
 
 
