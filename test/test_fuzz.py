@@ -19,6 +19,7 @@ import collections
 import math
 import os
 import time
+import unittest
 
 import torch
 from hypothesis import HealthCheck, given, reject, settings
@@ -152,10 +153,17 @@ def check_program(prog, all_partitions, freeze, plans):
         raise
 
 
+class OutOfTime(unittest.SkipTest):
+    """Raised at the deadline: Hypothesis passes skip exceptions straight out (no shrinking), where
+    rejecting every further example would keep it drawing programs up to its cap of invalid ones."""
+
+
 # small_plans: whole programs of tiny tensors may run as one small-graph plan (not with all_partitions).
 @given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8), all_partitions=st.sampled_from([True, True, False]),
        freeze=st.sampled_from([True, True, True, False]), small_plans=st.sampled_from([False, True]))
 def fuzz(prog, all_partitions, freeze, small_plans):
+    if time.time() > DEADLINE[0]:
+        raise OutOfTime()
     if CURRENT_LOG:
         with open(CURRENT_LOG, "w") as f:
             f.write(f"all_partitions={all_partitions} freeze={freeze} small_plans={small_plans}{prog!r}")
@@ -171,14 +179,11 @@ def test_fuzz():
     TORCHSCRIPT_BUGS.clear()
     start = time.time()
     DEADLINE[0] = start + LONG_MINUTES * 60 if long_run else math.inf
-    # A long run goes in batches, so it can stop at the deadline between them (examples rejected
-    # once out of time would not stop Hypothesis: it draws on, to its cap of invalid examples).
-    remaining = LONG_EXAMPLES or QUICK_EXAMPLES
-    while remaining > 0 and time.time() < DEADLINE[0]:
-        batch = min(remaining, 250 if long_run else remaining)
-        settings(max_examples=batch, derandomize=not long_run, database=None,
+    try:
+        settings(max_examples=LONG_EXAMPLES or QUICK_EXAMPLES, derandomize=not long_run, database=None,
                  deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))(fuzz)()
-        remaining -= batch
+    except OutOfTime:
+        pass
     summary = (f"fuzz: {TALLY['examples']} examples in {time.time() - start:.0f} s, {TALLY['with_groups']} with "
                f"fusion groups ({TALLY['groups']} groups), {len(TORCHSCRIPT_BUGS)} rejected as PyTorch's own bugs; "
                f"{ {k: v for k, v in TALLY.items() if ':' in k} }; fused ops: {dict(FUSED_OPS.most_common())}")
