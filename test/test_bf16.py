@@ -109,3 +109,16 @@ def test_bf16_layer_norm_is_fused():
     # Unfrozen, the weights are no constants: the layer norm stays in PyTorch.
     fused = check(model, x, groups=[["linear", "add"]], freeze=False, **BF16)
     assert "layer_norm" in fused.unfused
+
+
+def test_bf16_layer_norm_with_one_constant_parameter_stays_as_it_was():
+    # Review finding: widening only the constant weight would hand PyTorch's kernel an fp32 weight
+    # with a bf16 bias, which it rejects. Both are widened or neither.
+    w = torch.randn(64, dtype=torch.bfloat16)
+
+    def f(x, b):
+        return torch.nn.functional.layer_norm(x, (64,), w, b * 2)
+
+    x, b = torch.randn(2, 16, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    fused = check(f, x, b, groups=[], **BF16)
+    assert "layer_norm" in fused.unfused

@@ -150,19 +150,24 @@ def check_program(prog, all_partitions, freeze, plans):
         if plain_torchscript_fails(prog, freeze):
             TORCHSCRIPT_BUGS.append((prog, f"{type(e).__name__}: {str(e)[:300]}"))
             reject()
+        FOUND_FAILURE[0] = True  # past the deadline too, Hypothesis must shrink and report it
         raise
 
 
 class OutOfTime(unittest.SkipTest):
-    """Raised at the deadline: Hypothesis passes skip exceptions straight out (no shrinking), where
-    rejecting every further example would keep it drawing programs up to its cap of invalid ones."""
+    """Raised at the deadline (unless a failure was found): Hypothesis passes skip exceptions
+    straight out, where rejecting every further example would keep it drawing programs up to its
+    cap of invalid ones."""
+
+
+FOUND_FAILURE = [False]
 
 
 # small_plans: whole programs of tiny tensors may run as one small-graph plan (not with all_partitions).
 @given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8), all_partitions=st.sampled_from([True, True, False]),
        freeze=st.sampled_from([True, True, True, False]), small_plans=st.sampled_from([False, True]))
 def fuzz(prog, all_partitions, freeze, small_plans):
-    if time.time() > DEADLINE[0]:
+    if time.time() > DEADLINE[0] and not FOUND_FAILURE[0]:
         raise OutOfTime()
     if CURRENT_LOG:
         with open(CURRENT_LOG, "w") as f:
@@ -177,6 +182,7 @@ def test_fuzz():
     TALLY.clear()
     FUSED_OPS.clear()
     TORCHSCRIPT_BUGS.clear()
+    FOUND_FAILURE[0] = False
     start = time.time()
     DEADLINE[0] = start + LONG_MINUTES * 60 if long_run else math.inf
     try:

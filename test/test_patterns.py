@@ -603,8 +603,7 @@ def test_per_channel_post_op_of_a_binary_at_unit_spatial():
 
 @pytest.mark.parametrize("shape", [(2, 3, 1), (2, 3, 1, 1), (3, 2, 1, 1, 1)])
 def test_per_channel_post_op_at_unit_spatial_every_rank(all_partitions, shape):
-    c = torch.randn(shape[1:])
-    c = c.reshape(shape[1], *[1] * (len(shape) - 2))  # per channel: [C, 1, ..]
+    c = torch.randn(shape[1], *[1] * (len(shape) - 2))  # per channel: [C, 1, ..]
     check(lambda x, y: (x * y) + c, torch.randn(shape), torch.randn(shape), groups=[["mul"]])
     check(lambda x: (x + 1).log() * c, torch.randn(shape).abs(), groups=[["add", "log"]])
     check(lambda x: (x * c) + 1, torch.randn(shape), groups=[["mul", "add"]])  # per-channel main op: right

@@ -40,7 +40,7 @@ inline const c10::Symbol kPlainInputs = c10::Symbol::attr("plain_inputs");
 inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFinite");
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
-void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, tanh-gelu, addmm, MHA fast path -> mapped ops; bf16 LN weights -> fp32
+void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, addmm, MHA fast path, SDPA -> mapped ops; bf16 LN weights -> fp32
 void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1
 void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use
 void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops

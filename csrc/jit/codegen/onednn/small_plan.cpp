@@ -10,7 +10,9 @@
 //
 // bf16 graphs run the same fp32 steps, as eager's bf16 kernels do (they compute in fp32 and round
 // each op's result): inputs and bf16 constants are widened to fp32 (exactly), every computing
-// step rounds what it writes to bf16 precision, and the outputs are narrowed at the end.
+// step rounds what it writes to bf16 precision, and the outputs are narrowed at the end. Where
+// earlier passes changed the ops (PrepareBinary's scalar operand as a bf16 tensor, eager's fp32;
+// addmm as mm + add, two roundings for eager's one) results can differ from eager's by an ulp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/ir/constants.h>
@@ -152,8 +154,8 @@ template <class F>
 [[gnu::always_inline]] inline float round_bf16(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;  // NaN: quiet, so its bf16 half is NaN too (not Inf)
+  else u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   std::memcpy(&x, &u, sizeof x);
   return x;
 }
@@ -453,7 +455,8 @@ class Compiler {
   Compiler(const Graph& g, SmallProgram& p) : g_(g), p_(p) {}
 
   bool compile() {
-    // One dtype for the whole graph, its first input's (fp32 or bf16): mixed graphs promote.
+    // One dtype for the whole graph, its first input's (fp32 or bf16): graphs mixing dtypes (which
+    // eager would promote) get no plan.
     for (const Value* v : g_.inputs())
       if (auto t = v->type()->cast<TensorType>(); t && t->scalarType()) {
         dtype_ = *t->scalarType();
