@@ -249,12 +249,17 @@ void widen_bf16_layer_norm_params(torch::jit::Block* block) {
       continue;
     auto x = n->input(0)->type()->cast<torch::jit::TensorType>();
     if (!x || x->scalarType() != at::kBFloat16) continue;
-    for (size_t i : {2, 3}) {
+    // Both or neither: PyTorch's kernel takes weight and bias of one dtype.
+    auto bf16_constant = [&](size_t i) -> std::optional<at::Tensor> {
       auto c = n->input(i)->node()->kind() == c10::prim::Constant ? torch::jit::toIValue(n->input(i)) : std::nullopt;
-      if (!c || !c->isTensor() || c->toTensor().scalar_type() != at::kBFloat16) continue;
-      torch::jit::WithInsertPoint at(n);
-      n->replaceInput(i, block->owningGraph()->insertConstant(c->toTensor().to(at::kFloat)));
-    }
+      if (!c || !c->isTensor() || c->toTensor().scalar_type() != at::kBFloat16) return std::nullopt;
+      return c->toTensor();
+    };
+    auto weight = bf16_constant(2), bias = bf16_constant(3);
+    if (!weight || !bias) continue;
+    torch::jit::WithInsertPoint at(n);
+    n->replaceInput(2, block->owningGraph()->insertConstant(weight->to(at::kFloat)));
+    n->replaceInput(3, block->owningGraph()->insertConstant(bias->to(at::kFloat)));
   }
 }
 
