@@ -83,8 +83,10 @@ def check(f, x):
         expected = m(x)
         fused = torch.jit.freeze(torch.jit.trace(m, x, check_trace=False))
         fused(x)
+        before = torch_llga.stats()["executions"]
         got = fused(x)
-    return (got.double() - expected.double()).abs().max().item() / max(1.0, expected.abs().max().item())
+        ran = torch_llga.stats()["executions"] > before  # a case no group ran checks nothing
+    return (got.double() - expected.double()).abs().max().item() / max(1.0, expected.abs().max().item()), ran
 
 
 def sweep(shape, dtype):
@@ -93,7 +95,7 @@ def sweep(shape, dtype):
     # bf16: a fused chain keeps fp32 between its ops where eager rounds each to bf16 (a few bf16
     # ulps of the output); a broadcast along the wrong dim is off by the operands' size, ~1.
     tol = 2 ** -5 if dtype == torch.bfloat16 else 1e-5
-    bad, checked = [], 0
+    bad, checked, fused = [], 0, 0
     for (main_name, main), (post_name, post) in itertools.product(main_ops(shape, dtype), POST_OPS):
         for operand in operand_shapes(shape):
             y = torch.randn(operand, dtype=dtype)
@@ -102,12 +104,13 @@ def sweep(shape, dtype):
                     return post(y, main(x)) if first else post(main(x), y)
 
                 for layout, x in layouts(torch.randn(shape, dtype=dtype)):
-                    err = check(f, x)
+                    err, ran = check(f, x)
                     checked += 1
+                    fused += ran
                     if not err <= tol:
                         bad.append((shape, layout, main_name, post_name, operand, "operand first" if first else "", err))
                         print(*bad[-1], flush=True)
-    return checked, len(bad)
+    return checked, fused, len(bad)
 
 
 def main():
@@ -121,12 +124,12 @@ def main():
     torch_llga._C._set_fuse_all_partitions(True)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     if args.shape:
-        checked, bad = sweep(tuple(int(d) for d in args.shape.split(",")), dtype)
-        print(f"checked {checked} {bad}")
+        checked, fused, bad = sweep(tuple(int(d) for d in args.shape.split(",")), dtype)
+        print(f"checked {checked} {fused} {bad}")
         return 0
     # One process per shape: PyTorch keeps every traced module's code and constants until exit
     # (~130 KB each here; thousands of cases a shape), so a single process would grow by gigabytes.
-    checked = bad = 0
+    checked = fused = bad = 0
     for shape in QUICK_SHAPES if args.quick else SHAPES:
         out = subprocess.run([sys.executable, __file__, "--dtype", args.dtype, "--shape", ",".join(map(str, shape))],
                              capture_output=True, text=True)
@@ -137,9 +140,9 @@ def main():
             continue
         for line in lines[:-1]:
             print(line, flush=True)
-        n, b = map(int, lines[-1].split()[1:])
-        checked, bad = checked + n, bad + b
-    print(f"{checked} cases, {bad} wrong")
+        n, f, b = map(int, lines[-1].split()[1:])
+        checked, fused, bad = checked + n, fused + f, bad + b
+    print(f"{checked} cases ({fused} ran a fusion group), {bad} wrong")
     return 1 if bad else 0
 
 

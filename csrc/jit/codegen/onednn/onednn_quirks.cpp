@@ -221,7 +221,8 @@ bool per_channel_post_op_at_unit_spatial(const Node* binary, const std::unordere
   if (out.size() < 3 || out[0] <= 1 || out[1] <= 1 || std::any_of(out.begin() + 2, out.end(), [](int64_t d) { return d != 1; }))
     return false;
   // A post-op of a binary main op: the partition has another binary op and no contraction, and
-  // this one reads a value computed in the partition.
+  // this one reads a value computed in the partition (not a constant: the kernel's check at new
+  // sizes passes the group's whole subgraph, its constants included).
   bool other_binary = false;
   for (const Node* n : partition) {
     if (in_family(n, kContraction)) return false;
@@ -229,7 +230,8 @@ bool per_channel_post_op_at_unit_spatial(const Node* binary, const std::unordere
   }
   if (!other_binary) return false;
   for (size_t i = 0; i < 2; ++i) {
-    if (!partition.count(binary->input(i)->node())) continue;
+    const Node* producer = binary->input(i)->node();
+    if (producer->kind() == c10::prim::Constant || !partition.count(producer)) continue;
     auto o = sizes(binary->input(1 - i));  // the post-op's operand, right-aligned to the output
     if (o.empty() || o.size() > out.size()) continue;
     o.insert(o.begin(), out.size() - o.size(), 1);

@@ -60,6 +60,9 @@ struct Layout {
   int64_t numel() const { return c10::multiply_integers(sizes); }
 };
 
+// Buffers in the scratch and staging areas start 16 floats apart (loads use memcpy, no alignment is assumed).
+int64_t padded(int64_t floats) { return (floats + 15) / 16 * 16; }
+
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> strides(sizes.size());
   int64_t s = 1;
@@ -508,13 +511,13 @@ class Compiler {
     p_.scratch_floats = scratch_;
     if (p_.bf16) {  // the staging area: inputs, then outputs
       for (size_t i = 0; i < p_.inputs; ++i) {
-        p_.input_numel.push_back(c10::multiply_integers(*profiled_sizes(g_.inputs()[i])));
+        p_.input_numel.push_back(layouts_.at(g_.inputs()[i]).numel());
         p_.input_at.push_back(p_.staged_floats);
-        p_.staged_floats += (p_.input_numel.back() + 15) / 16 * 16;
+        p_.staged_floats += padded(p_.input_numel.back());
       }
       for (const auto& sizes : p_.output_sizes) {
         p_.output_at.push_back(p_.staged_floats);
-        p_.staged_floats += (c10::multiply_integers(sizes) + 15) / 16 * 16;
+        p_.staged_floats += padded(c10::multiply_integers(sizes));
       }
     }
     for (const at::Tensor& t : p_.constants) p_.constant_data.push_back(const_cast<float*>(t.const_data_ptr<float>()));
@@ -613,7 +616,7 @@ class Compiler {
 
   Layout scratch_layout(const std::vector<int64_t>& sizes) {
     Layout l{{kScratch, 0, scratch_}, sizes, contiguous_strides(sizes)};
-    scratch_ += (l.numel() + 15) / 16 * 16;
+    scratch_ += padded(l.numel());
     return l;
   }
 
