@@ -154,3 +154,50 @@ def test_dropped_modules_keep_only_what_pytorch_keeps():
     assert 30 < plain < 45, plain  # the frozen weights PyTorch retains
     assert released < plain + 10, (released, plain)
     assert cached < plain + 10, (cached, plain)
+
+
+class TwoBranches(nn.Module):
+    """Linears on a strided input and on each other's output, a tanh: five small oneDNN groups."""
+
+    def __init__(self, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w1, self.w2 = torch.randn(8, 12, generator=g), torch.randn(4, 8, generator=g)
+        self.w3, self.w4 = torch.randn(8, 12, generator=g), torch.randn(2, 12, generator=g)
+        self.conv = torch.randn(1, 2, 1, generator=g)
+
+    def forward(self, x):
+        v1 = nn.functional.linear(x.contiguous(), self.w1)
+        return (nn.functional.conv1d(x, self.conv, padding=1), nn.functional.linear(v1, self.w2),
+                torch.tanh(nn.functional.linear(x, self.w3)), nn.functional.linear(x, self.w4))
+
+
+def test_reloaded_models_use_their_own_weights():
+    """A process that loads a model, drops it and loads another of the same architecture (a server
+    taking a new checkpoint) must run the new weights. torch.jit.load's compilation unit is freed
+    with its module, and oneDNN 3.12's compiled-partition cache matched the new partitions to the
+    freed ones by their ops' addresses: 34 of 40 reloads ran the old weights
+    (onednn_quirks.h: stale_compiled_partition_cache)."""
+    import io
+    x = (torch.randint(-6, 7, (3, 2, 24)) * 0.5)[..., ::2]  # a strided input, as the fuzzer drew it
+    saved = []
+    for seed in range(3):
+        buf = io.BytesIO()
+        model = TwoBranches(seed).eval()
+        torch.jit.save(torch.jit.trace(model, x, check_trace=False), buf)
+        saved.append((buf.getvalue(), model))
+    wrong = []
+    with torch_llga.enabled(), torch.no_grad():
+        for i in range(24):
+            data, model = saved[i % len(saved)]
+            loaded = torch.jit.freeze(torch.jit.load(io.BytesIO(data)).eval())
+            before = torch_llga.stats()["executions"]
+            loaded(x)
+            got = loaded(x)  # the profiling run, then the fused graph
+            assert torch_llga.stats()["executions"] - before >= 4, "the groups did not run"
+            expected = model(x)
+            if any(not torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(got, expected)):
+                wrong.append(i)
+            del loaded
+            gc.collect()
+    assert not wrong, f"reloads {wrong} of 24 ran with another model's weights"

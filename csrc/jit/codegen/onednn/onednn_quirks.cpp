@@ -299,4 +299,14 @@ bool dilated_unit_kernel() {
   return on;
 }
 
+// 3.12.0: oneDNN's global compiled-partition cache keys an entry by raw pointers to the ops of the
+// partition it was compiled from, compared by value through those pointers. Once that graph is
+// freed (a module torch.jit.load made and dropped: its compilation unit goes with it), a new
+// partition whose ops land at the same addresses with equal contents finds the old entry, and its
+// kernel reads the constant weight cache under the old partition's key: the new model ran with the
+// freed one's weights (34 of 40 reloads of models of one architecture, other weights; found by the
+// fuzzer once it freed each example's code). torch_llga keeps its own compiled partitions per group,
+// so the cache is turned off (runtime.cpp). test_memory.py::test_reloaded_models_use_their_own_weights.
+bool stale_compiled_partition_cache() { return active("stale_compiled_partition_cache"); }
+
 }  // namespace llga::quirks

@@ -46,4 +46,8 @@ bool copy_transposed_inputs();      // a binary op's broadcast post-op along the
 bool canonical_unit_dim_strides();  // odd strides of size-1 dims: wrong values, a crash
 bool copy_interleaved_matmul_inputs();  // batch dims between a matmul input's matrix dims: wrong values
 
+// runtime.cpp: oneDNN's compiled-partition cache, off (it can hand a new partition a freed one's
+// compiled kernel, and so the freed module's weights).
+bool stale_compiled_partition_cache();
+
 }  // namespace llga::quirks

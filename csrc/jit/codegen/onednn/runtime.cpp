@@ -1,5 +1,6 @@
 #include "jit/codegen/onednn/runtime.h"
 
+#include "jit/codegen/onednn/onednn_quirks.h"
 #include "onednn/torch_onednn.h"
 
 #include <atomic>
@@ -233,8 +234,14 @@ void flush_constant_cache() {
   pool().trim();  // the buffers kept for reuse, the flushed weights among them
 }
 
+// oneDNN's compiled-partition cache is off where it can return a freed partition's kernel
+// (onednn_quirks.h); each group keeps its own compiled partitions anyway.
+void init_compiled_partition_cache() {
+  if (quirks::stale_compiled_partition_cache()) dnnl::graph::set_compiled_partition_cache_capacity(0);
+}
+
 dnnl::engine& engine() {
-  static dnnl::engine e = (init_constant_cache(), dnnl::graph::make_engine_with_allocator(dnnl::engine::kind::cpu, 0, dnnl::graph::allocator(allocate_buffer, free_buffer)));
+  static dnnl::engine e = (init_constant_cache(), init_compiled_partition_cache(), dnnl::graph::make_engine_with_allocator(dnnl::engine::kind::cpu, 0, dnnl::graph::allocator(allocate_buffer, free_buffer)));
   return e;
 }
 
