@@ -9,11 +9,13 @@ sizes, on fresh ones with other strides (channels_last, transposed, sliced, expa
 other sizes, within error bounds computed from the program's own values (fuzz_ops.py); and that no
 same-sized call failed a guard or fell back to PyTorch in the kernel. An example that plain
 TorchScript (torch_llga off) also gets wrong is PyTorch's bug: it is set aside and reported.
+test_fuzz_small_plans draws its programs from the ops the small-graph plan has steps for, fp32 and
+bf16, with plans on, so most run as one plan (small_plan.cpp's own loops, not oneDNN's).
 
 `make test` runs a fixed set of examples; a long random run (stopping after MINUTES if given; a
 crash leaves the example it ran in LOG):
     TORCH_LLGA_FUZZ_EXAMPLES=5000 TORCH_LLGA_FUZZ_MINUTES=40 TORCH_LLGA_FUZZ_LOG=/tmp/fuzz.txt \
-        python -m pytest -q -s test/test_fuzz.py
+        python -m pytest -q -s test/test_fuzz.py   # -k small_plans: the plan programs only
 """
 import collections
 import math
@@ -32,6 +34,7 @@ from fuzz_programs import ProgramModule, evaluate, programs
 from torch_llga.report import fusion_groups, small_plans
 
 QUICK_EXAMPLES = 80
+QUICK_PLAN_EXAMPLES = 150
 LONG_EXAMPLES = int(os.environ.get("TORCH_LLGA_FUZZ_EXAMPLES", "0"))
 LONG_MINUTES = float(os.environ.get("TORCH_LLGA_FUZZ_MINUTES", "inf"))  # a long run stops there too
 CURRENT_LOG = os.environ.get("TORCH_LLGA_FUZZ_LOG")  # each example is written here first: a crash leaves it
@@ -174,10 +177,7 @@ FOUND_FAILURE = [False]
 FORGET_CODE = [False]  # set by a long run of test_fuzz.py alone
 
 
-# small_plans: whole programs of tiny tensors may run as one small-graph plan (not with all_partitions).
-@given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8), all_partitions=st.sampled_from([True, True, False]),
-       freeze=st.sampled_from([True, True, True, False]), small_plans=st.sampled_from([False, True]))
-def fuzz(prog, all_partitions, freeze, small_plans):
+def one_example(prog, all_partitions, freeze, small_plans):
     if time.time() > DEADLINE[0] and not FOUND_FAILURE[0]:
         raise OutOfTime()
     if CURRENT_LOG:
@@ -191,7 +191,21 @@ def fuzz(prog, all_partitions, freeze, small_plans):
         print(f"  {TALLY['examples']} examples, {time.strftime('%H:%M:%S')}, {rss_mb} MB resident", flush=True)
 
 
-def test_fuzz():
+# small_plans: whole programs of tiny tensors may run as one small-graph plan (not with all_partitions).
+@given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8), all_partitions=st.sampled_from([True, True, False]),
+       freeze=st.sampled_from([True, True, True, False]), small_plans=st.sampled_from([False, True]))
+def fuzz(prog, all_partitions, freeze, small_plans):
+    one_example(prog, all_partitions, freeze, small_plans)
+
+
+# Programs of the ops the small-graph plan has steps for, plans on: most run as one plan.
+@given(prog=programs(max_steps=12 if LONG_EXAMPLES else 8, plannable=True), freeze=st.sampled_from([True, True, False]))
+def fuzz_plans(prog, freeze):
+    one_example(prog, False, freeze, True)
+
+
+def run(examples, test):
+    """Runs a Hypothesis test (up to the long run's deadline) and returns its summary line."""
     long_run = LONG_EXAMPLES > 0
     TALLY.clear()
     FUSED_OPS.clear()
@@ -201,16 +215,26 @@ def test_fuzz():
     start = time.time()
     DEADLINE[0] = start + LONG_MINUTES * 60 if long_run else math.inf
     try:
-        settings(max_examples=LONG_EXAMPLES or QUICK_EXAMPLES, derandomize=not long_run, database=None,
-                 deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))(fuzz)()
+        settings(max_examples=LONG_EXAMPLES or examples, derandomize=not long_run, database=None,
+                 deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))(test)()
     except OutOfTime:
         pass
-    summary = (f"fuzz: {TALLY['examples']} examples in {time.time() - start:.0f} s, {TALLY['with_groups']} with "
+    summary = (f"{test.__name__}: {TALLY['examples']} examples in {time.time() - start:.0f} s, {TALLY['with_groups']} with "
                f"fusion groups ({TALLY['groups']} groups), {len(TORCHSCRIPT_BUGS)} rejected as PyTorch's own bugs; "
                f"{ {k: v for k, v in TALLY.items() if ':' in k} }; fused ops: {dict(FUSED_OPS.most_common())}")
     print(summary)
     for prog, error in TORCHSCRIPT_BUGS[:5]:
         print(f"plain TorchScript fails too:{prog}    {error}")
+    return summary
+
+
+def test_fuzz():
+    summary = run(QUICK_EXAMPLES, fuzz)
     # Fuzzing that never fuses tests nothing.
     assert TALLY["with_groups"] >= 0.3 * TALLY["examples"], summary
     assert len(FUSED_OPS) >= 12, summary
+
+
+def test_fuzz_small_plans():
+    summary = run(QUICK_PLAN_EXAMPLES, fuzz_plans)
+    assert TALLY["small-graph plans: examples"] >= 0.5 * TALLY["examples"], summary
