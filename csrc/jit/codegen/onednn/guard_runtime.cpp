@@ -110,7 +110,8 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes, plain);
     if (ok && finite_inputs) {
-      for (size_t i = 0; i < n && ok; ++i) ok = given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool();
+      for (size_t i = 0; i < n && ok; ++i)
+        ok = given[i] == kNotScanned || (given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool());
       if (!ok) runtime::stats().nonfinite_fallbacks.fetch_add(1, std::memory_order_relaxed);
     }
     torch::jit::drop(stack, extra);

@@ -11,7 +11,8 @@
 //                                                                    executor profiles on its own
 // The guard also sends inputs holding NaN or Inf to the fallback when the group has an op that may
 // turn them into numbers (oneDNN's ReLU, Clamp and max-pool do; eager propagates them). On a
-// mismatch it turns any LLGA (opaque) tensor into a strided one for the fallback.
+// mismatch it turns any LLGA (opaque) tensor into a strided one for the fallback. An attention
+// bias (llga::attention_bias: 0 or -inf by construction) is not scanned.
 // A value several such guards check, which nothing writes, is scanned once (XML-CNN's embedding
 // feeds three conv + relu groups: three scans of 1.2 MB were 0.15 ms a call):
 //
@@ -73,6 +74,11 @@ Node* insert_guard(Node* group) {
   guard->i_(kShapeFree, !plan && shape_free(group));
   guard->i_(kFiniteInputs, !plan && needs_finite_inputs(group));
   if (plan) guard->i_(kPlainInputs, 1);
+  if (std::any_of(checked.begin(), checked.end(), [](Value* v) { return v->node()->kind() == kAttentionBias; })) {
+    std::vector<int64_t> given;
+    for (Value* v : checked) given.push_back(v->node()->kind() == kAttentionBias ? kNotScanned : -1);
+    guard->is_(kFiniteGiven, given);
+  }
   std::unordered_map<Value*, Value*> checked_value;
   for (size_t i = 0; i < checked.size(); ++i) {
     guard->output(i)->setType(checked[i]->type());
@@ -118,7 +124,7 @@ void share_finite_scans(const std::vector<Node*>& guards, const std::unordered_s
   for (Node* guard : guards) {
     if (!guard->i(kFiniteInputs)) continue;
     for (Value* v : guard->inputs())
-      if (unwritten.count(v)) scanners[v].push_back(guard);
+      if (unwritten.count(v) && v->node()->kind() != kAttentionBias) scanners[v].push_back(guard);
   }
   for (auto& [v, checked_by] : scanners) {
     if (checked_by.size() < 2) continue;

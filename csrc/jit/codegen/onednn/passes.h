@@ -32,9 +32,14 @@ inline const c10::Symbol kShapeSpecific = c10::Symbol::attr("llga_shape_specific
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 // On a guard: its group's inputs must hold no NaN/Inf (scanned at run time); see kKeepsNaN.
 inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
-// On a guard: per checked input, -1 (scan it) or k: its finiteness is the guard's k-th extra (bool)
-// input, an llga::AllFinite shared by the guards of every group that reads the same value.
+// On a guard: per checked input, -1 (scan it), k: its finiteness is the guard's k-th extra (bool)
+// input, an llga::AllFinite shared by the guards of every group that reads the same value, or
+// kNotScanned: its infinities are meant (an llga::attention_bias).
 inline const c10::Symbol kFiniteGiven = c10::Symbol::attr("finite_given");
+constexpr int64_t kNotScanned = -2;
+// attention_bias(mask, dtype): 0 where the boolean mask attends, -inf where not (decompose_ops.cpp's
+// SDPA adds it to the scores). Its -inf are its meaning, and it holds no NaN: guards do not scan it.
+inline const c10::Symbol kAttentionBias = c10::Symbol::fromQualString("llga::attention_bias");
 // On a guard: its inputs must be plain strided tensors, no LLGA ones (a small-graph plan reads them).
 inline const c10::Symbol kPlainInputs = c10::Symbol::attr("plain_inputs");
 inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFinite");
