@@ -447,6 +447,74 @@ class Matmul(Op):
         return f"torch.{p['fn']}({args[0]}, {y})"
 
 
+class Attention(Op):
+    """scaled_dot_product_attention of x [B, H, L, D] as the query: keys and values x itself, new
+    inputs or constants; no mask, a boolean one (True attends) or a float one; a given scale or the
+    default. Rows left with no key (a boolean mask of only False) are NaN or 0 depending on the
+    kernel: such examples have non-finite outputs and are not drawn."""
+    name, category = "sdpa", "approx"
+
+    def applies(self, v):
+        return v.dtype in FLOATS and v.rank == 4
+
+    def draw(self, b, v):
+        bs, h, l, d = v.shape
+        mode = b.choice(["input", "self", "const"])
+        s_len, e = b.choice([l, 4, 1, 7]), b.choice([d, 8, 3])
+        kb, kh = (bs if b.draw(st.integers(0, 3)) else 1), (h if b.draw(st.integers(0, 3)) else 1)  # broadcast heads: PyTorch's
+        args, t = [v.name], {}
+        if mode == "input":
+            args += [b.new_input((kb, kh, s_len, d), v.dtype), b.new_input((kb, kh, s_len, e), v.dtype)]
+        elif mode == "const":
+            t["k"], t["v"] = b.const((kb, kh, s_len, d), v.dtype), b.const((kb, kh, s_len, e), v.dtype)
+        else:
+            s_len = l
+        mask = b.choice(["none", "bool", "float"])
+        if mask != "none":
+            shape = b.choice([(l, s_len), (1, 1, l, s_len), (bs, 1, l, s_len), (bs, h, l, s_len), (1, h, l, s_len)])
+            t["mask"] = b.const(shape, torch.bool if mask == "bool" else v.dtype)
+        return args, dict(scale=b.choice([None, None, 0.5, 0.125])), t
+
+    def _operands(self, xs, t):
+        q = xs[0]
+        if len(xs) == 3:
+            return q, xs[1], xs[2]
+        return (q, t["k"], t["v"]) if "k" in t else (q, q, q)
+
+    def forward(self, xs, p, t):
+        q, k, v = self._operands(xs, t)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=t.get("mask"), scale=p["scale"])
+
+    def _scale(self, q, p):
+        return p["scale"] if p["scale"] is not None else 1 / math.sqrt(q.shape[-1])
+
+    def prop(self, xs, es, out, p, t):
+        # A difference of the scores by up to ds moves each softmax weight by a factor in
+        # [exp(-2 ds), exp(2 ds)]: the output by up to (exp(2 ds) - 1) max|V|, plus V's own difference.
+        q, k, v = self._operands(xs, t)
+        eq = es[0]
+        ek, ev = (es[1], es[2]) if len(es) == 3 else ((0.0, 0.0) if "k" in t else (eq, eq))
+        ds = self._scale(q, p) * (eq * rowsum_max(k, -1) + ek * rowsum_max(q, -1))
+        return math.expm1(min(2 * ds, 50.0)) * mag(v) + ev
+
+    def disc(self, xs, out, p, t):
+        # The scores' matmul (and a bf16 kernel's rounding of the scores and weights), the softmax's
+        # sum of S exponentials, the second matmul, as in Matmul and softmax.
+        q, k, v = self._operands(xs, t)
+        dt = out.dtype
+        scores = torch.matmul(d64(q).abs(), d64(k).abs().transpose(-1, -2)) * self._scale(q, p)
+        mask = t.get("mask")
+        shifted = mag(scores) + (mag(mask) if mask is not None and mask.dtype != torch.bool else 0.0)
+        ds = (q.shape[-1] * acc_unit(dt) + unit(dt)) * mag(scores) + 2 * unit(dt) * shifted
+        s_len = k.shape[-2]
+        return (math.expm1(min(2 * ds, 50.0)) + (s_len + 8) * acc_unit(dt) + 2 * unit(dt)) * mag(v) + unit(dt) * mag(out)
+
+    def code(self, args, p, t):
+        kv = f"{args[1]}, {args[2]}" if len(args) == 3 else ("k, v" if "k" in t else f"{args[0]}, {args[0]}")
+        m = "" if "mask" not in t else f", attn_mask=mask({t['mask'].dtype}, {list(t['mask'].shape)})"
+        return f"F.scaled_dot_product_attention({args[0]}, {kv}{m}, scale={p['scale']})"
+
+
 def divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -849,7 +917,7 @@ class InPlace(Op):
 # Families drawn first (with these weights), then an op of the family that applies to the operand:
 # so compute-bound ops, which form groups alone, are drawn as often as the many elementwise ones.
 FAMILIES = {
-    "compute": [Linear(), Addmm(), Matmul(), Conv(), BatchNorm(), LayerNorm()],
+    "compute": [Linear(), Addmm(), Matmul(), Conv(), BatchNorm(), LayerNorm(), Attention()],
     "elementwise": UNARY,
     "binary": [Binary(n) for n in ("add", "sub", "mul", "div", "maximum")],
     "inplace": ([InPlace(op) for op in UNARY if op.name in INPLACE_UNARY]

@@ -373,6 +373,24 @@ def test_scaled_dot_product_attention_is_one_partition(mask):
             torch_llga.set_shape_policy("compile")
 
 
+def test_sdpa_default_scale_follows_the_head_size():
+    # The default scale is 1/sqrt(head size): computed per call (llga::sdpa_scale), not from the
+    # profiled size, which the group kept at other sizes (0.14 off at [3, 3, 3, 3] after [2, 2, 2, 2],
+    # fused and in the fallback alike; found by fuzzing).
+    fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c)  # noqa: E731
+    q, k, v = torch.randn(2, 2, 2, 2), torch.randn(2, 2, 2, 2), torch.randn(2, 2, 2, 2)
+    fused = check(fn, q, k, v, groups=SOME)
+    assert SDPA_GROUP in fused.groups
+    for policy in ("compile", "fallback"):
+        torch_llga.set_shape_policy(policy)
+        try:
+            for n in (3, 5):
+                a, b, c = torch.randn(n, n, n, n), torch.randn(n, n, n, n), torch.randn(n, n, n, n)
+                torch.testing.assert_close(fused(a, b, c), fn(a, b, c), **FP32)
+        finally:
+            torch_llga.set_shape_policy("compile")
+
+
 def test_sdpa_of_strided_views_stays_in_pytorch():
     x = torch.randn(1, 16, 3 * 64)
     def heads(a):

@@ -162,6 +162,18 @@ torch::jit::RegisterOperators registered_bias({torch::jit::Operator(
     },
     c10::AliasAnalysisKind::FROM_SCHEMA)});
 
+// sdpa_scale(q): SDPA's default scale, 1 / sqrt(q.size(-1)), as a [1, 1, 1, 1] tensor of q's dtype.
+// Computed at run time, not from the profiled head size: a group may run at other sizes, and its
+// fallback is the spelled-out attention too.
+const c10::Symbol kSdpaScale = c10::Symbol::fromQualString("llga::sdpa_scale");
+torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
+    "llga::sdpa_scale(Tensor query) -> Tensor",
+    [](torch::jit::Stack& stack) {
+      at::Tensor q = torch::jit::pop(stack).toTensor();
+      torch::jit::push(stack, at::full({1, 1, 1, 1}, 1.0 / std::sqrt(static_cast<double>(q.size(-1))), q.options()));
+    },
+    c10::AliasAnalysisKind::FROM_SCHEMA)});
+
 // scaled_dot_product_attention(q, k, v, mask) spelled out as oneDNN's SDPA pattern, which it runs as
 // one fused kernel (measured here, 12 heads x 64, as a group against PyTorch's SDPA: fp32 on par for
 // dense inputs, 0.41-0.51 against 0.42-0.57 ms at 128 tokens; bf16 2x, 0.55-0.59 against 1.1-1.3 ms
@@ -170,7 +182,7 @@ torch::jit::RegisterOperators registered_bias({torch::jit::Operator(
 // (with a mask, softmax_inf_as_zero: a fully masked row attends to nothing, as in PyTorch's kernel)
 // Inference only (dropout 0), not causal, no grouped-query heads, rank-4 q/k/v of one float dtype
 // with profiled sizes; a float mask is added, a boolean one as its attention_bias (True: attend). The scale is a
-// [1, 1, 1, 1] tensor: oneDNN 3.12 compiles no SDPA with a 1-D one.
+// [1, 1, 1, 1] tensor (oneDNN 3.12 compiles no SDPA with a 1-D one): a constant, or sdpa_scale(q).
 void decompose_sdpa(torch::jit::Block* block) {
   static const char* kSchema =
       "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
@@ -210,7 +222,6 @@ void decompose_sdpa(torch::jit::Block* block) {
       bool_mask = m->scalarType() == c10::ScalarType::Bool;
       if (!bool_mask && m->scalarType() != q->scalarType()) continue;
     }
-    double scale = scale_arg->isDouble() ? scale_arg->toDouble() : 1.0 / std::sqrt(static_cast<double>(qs[3]));
     auto options = at::TensorOptions().dtype(*q->scalarType());
 
     Graph* g = block->owningGraph();
@@ -229,8 +240,10 @@ void decompose_sdpa(torch::jit::Block* block) {
                       {kst[0], kst[1], kst[3], kst[2]});
     std::vector<int64_t> score_sizes = {qs[0], qs[1], qs[2], ks[2]};
     Value* scores = typed(g->insert(c10::aten::matmul, {n->input(0), kt}), *q, score_sizes, contiguous(score_sizes));
-    Value* factor = g->insertConstant(at::full({1, 1, 1, 1}, scale, options));
-    factor->setType(c10::TensorType::create(at::full({1, 1, 1, 1}, scale, options)));
+    // A given scale is a constant; the default one depends on the head size (sdpa_scale).
+    auto like = at::full({1, 1, 1, 1}, scale_arg->isDouble() ? scale_arg->toDouble() : 1.0, options);
+    Value* factor = scale_arg->isDouble() ? g->insertConstant(like) : g->insert(kSdpaScale, {n->input(0)});
+    factor->setType(c10::TensorType::create(like));
     scores = typed(g->insert(c10::aten::mul, {scores, factor}), *q, score_sizes, contiguous(score_sizes));
     if (bool_mask) {
       // Added, not selected: oneDNN runs the scores' matmul with a select post-op as a plain gemm,
