@@ -391,6 +391,16 @@ def test_sdpa_default_scale_follows_the_head_size():
             torch_llga.set_shape_policy("compile")
 
 
+def test_sdpa_oneDNN_cannot_take_whole_stays_in_pytorch(all_partitions):
+    # One value per row (v's last dim 1): oneDNN's matmul of one output column is left to PyTorch
+    # (quirks::matrix_vector_product), so the attention stays PyTorch's SDPA, not half spelled out
+    # (whose masked -inf scores reached a softmax group's guard and its fallback; fuzzing).
+    q, k, v = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 1)
+    mask = torch.rand(2, 1, 4, 4) > 0.3
+    fused = check(sdpa, q, k, v, mask, groups=[["relu"], ["relu"], ["relu"]])
+    assert "scaled_dot_product_attention" in fused.unfused
+
+
 def test_sdpa_of_strided_views_stays_in_pytorch():
     x = torch.randn(1, 16, 3 * 64)
     def heads(a):

@@ -226,6 +226,8 @@ void decompose_sdpa(torch::jit::Block* block) {
 
     Graph* g = block->owningGraph();
     torch::jit::WithInsertPoint point(n);
+    Node* before = n->prev();  // what is inserted from here on lies between it and n
+    std::vector<Value*> original(n->inputs().begin(), n->inputs().end());
     // In bf16 oneDNN's kernel wins even after copying strided views (ViT's 12 x 197 x 64: 0.58 against
     // PyTorch's 1.26 ms): such inputs are made contiguous first, in PyTorch.
     for (size_t i = 0; i < 3; ++i) {
@@ -259,6 +261,23 @@ void decompose_sdpa(torch::jit::Block* block) {
     typed(probs, *q, score_sizes, contiguous(score_sizes));
     std::vector<int64_t> out_sizes = {qs[0], qs[1], qs[2], vs[3]};
     Value* out = typed(g->insert(c10::aten::matmul, {probs, n->input(2)}), *q, out_sizes, contiguous(out_sizes));
+    // Spelled out only where oneDNN can take every op of it (its matmuls with one column of output
+    // cannot: quirks::matrix_vector_product): a part left to PyTorch would be slower than PyTorch's
+    // SDPA, and the -inf of a masked score would reach a group's guard, which sends it to the fallback.
+    bool mapped = true;
+    for (Node* m = out->node(); m != before && mapped; m = m->prev())
+      if (m->kind() == c10::aten::matmul || m->kind() == c10::aten::mul || m->kind() == c10::aten::add ||
+          m->kind() == c10::aten::softmax || m->kind() == kSoftmaxInfAsZero)
+        mapped = map_node(m).has_value();
+    if (!mapped) {
+      for (size_t i = 0; i < original.size(); ++i) n->replaceInput(i, original[i]);
+      for (Node* m = n->prev(); m != before;) {
+        Node* prev = m->prev();
+        m->destroy();
+        m = prev;
+      }
+      continue;
+    }
     n->output()->replaceAllUsesWith(out);
     n->destroy();
   }
