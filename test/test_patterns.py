@@ -616,6 +616,27 @@ def test_dilated_size_one_kernel_bf16():
     assert ["_convolution"] in fused.groups
 
 
+@pytest.mark.parametrize("shape,kernel,stride,padding", [
+    ((1, 1, 6, 1), (3, 3), (1, 2), (0, 1)),
+    ((2, 1, 6, 4), (4, 2), (1, 3), (0, 0)),
+    ((1, 1, 64, 1), (3, 3), (1, 2), (0, 1)),
+])
+def test_one_channel_conv_of_unit_output_width(shape, kernel, stride, padding):
+    # oneDNN 3.12's fp32 brgemm convolution of one input channel, one output column and a stride
+    # above 1 along the width leaves output elements unwritten (garbage or NaN; found by fuzzing,
+    # 51 of 1,344 such shapes swept): that conv stays in PyTorch; other sizes of it are fused.
+    w = torch.randn(3, 1, *kernel)
+    fn = lambda a: F.conv2d(a, w, None, stride, padding)  # noqa: E731
+    fused = check(fn, torch.randn(*shape), groups=[])
+    assert "_convolution" in fused.unfused
+    wide = (shape[0], shape[1], shape[2], shape[3] + 2 * stride[1])  # two more output columns: fused, and right
+    check(fn, torch.randn(*wide), groups=[["_convolution"]])
+    torch_llga.set_shape_policy("compile")  # the wide group at the unit width: unfused, right
+    fused_wide = Fused(fn, (torch.randn(*wide),))
+    x = torch.randn(*shape)
+    torch.testing.assert_close(fused_wide(x), fn(x), **FP32)
+
+
 def test_per_channel_post_op_of_a_binary_at_unit_spatial():
     # oneDNN 3.12 applies one channel's value to all where a binary op's binary post-op reads a
     # per-channel operand ([1, C, 1, 1]) and the output is [N > 1, C, 1, 1]: ((x * 2) + c).relu()

@@ -290,6 +290,21 @@ bool canonical_unit_dim_strides() {
   return on;
 }
 
+// 3.12.0: an fp32 2-D convolution of a single input channel whose output is one column wide
+// with a stride above 1 along the width (conv2d of [1, 1, 6, 1] by a 3x3 kernel, stride (1, 2),
+// padding (0, 1)) leaves output elements unwritten in its brgemm kernel (brg_conv_fwd): garbage or
+// NaN where the output buffer's memory held them, 51 of 1,344 such shapes swept (fuzzing, Zen 4).
+// bf16, several input channels (depthwise included) and conv1d were right. Such convolutions stay
+// in PyTorch, also at new sizes (the kernel asks the mapping again).
+// test_patterns.py::test_one_channel_conv_of_unit_output_width.
+bool one_channel_unit_width_conv(const Node* conv, const std::vector<int64_t>& stride) {
+  if (!active("one_channel_unit_width_conv")) return false;
+  auto x = conv->input(0)->type()->cast<TensorType>();
+  auto in = sizes(conv->input(0)), out = sizes(conv->output());
+  return x && x->scalarType() == c10::ScalarType::Float && in.size() == 4 && out.size() == 4 && stride.size() == 2 &&
+         in[1] == 1 && out[3] == 1 && stride[1] > 1;
+}
+
 // 3.12.0: a bf16 convolution with a size-1 kernel, dilation 2 and stride 2 (conv1d of a [2, 8, 1]
 // input, padding 1) segfaults in its brgemm kernel (brgemm_convolution_fwd_t::perform_outwork;
 // fuzzing). Dilation means nothing along a size-1 kernel dim: it is given to oneDNN as 1.

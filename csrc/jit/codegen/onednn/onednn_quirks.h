@@ -22,6 +22,8 @@ bool linear_4d_broadcast_post_op(const Node* binary);       // linear(4-D) + [1,
 bool matrix_vector_product(const Node* matmul);           // N = 1: several times slower than PyTorch
 bool bf16_round(const Node* round);                       // no bf16 Round kernel: fails to compile
 bool above_five_dims(const Node* n, const std::vector<torch::jit::Value*>& inputs);  // reference kernels overrun
+// fp32 conv2d of one input channel, output width 1, stride along W > 1: an output element unwritten
+bool one_channel_unit_width_conv(const Node* conv, const std::vector<int64_t>& stride);
 
 // op_table.cpp: a convolution's dilation is 1 along its size-1 kernel dims (the same convolution).
 bool dilated_unit_kernel();

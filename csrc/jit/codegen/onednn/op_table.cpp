@@ -86,7 +86,7 @@ bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
   auto stride = spatial(ints_arg(n, 3), sp), pad = spatial(ints_arg(n, 4), sp), dil = spatial(ints_arg(n, 5), sp);
   auto groups = int_arg(n, has_transposed_arg ? 8 : 6);
   if (has_transposed_arg && bool_arg(n, 6).value_or(true)) return false;  // ConvTranspose: not mapped
-  if (!stride || !pad || !dil || !groups) return false;
+  if (!stride || !pad || !dil || !groups || quirks::one_channel_unit_width_conv(n, *stride)) return false;
   if (quirks::dilated_unit_kernel()) {  // a size-1 kernel dim reads one pixel whatever its dilation
     Ints w = sizes(n->input(1));
     for (size_t i = 0; i < sp && w.size() == sp + 2; ++i)
