@@ -347,7 +347,7 @@ def markdown(rows, backends, args):
     if ratios:
         lines.append("")
         lines.append(f"geometric mean, torch_llga vs built-in fuser: "
-                     f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x over {len(ratios)} models")
+                     f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x over {len(ratios)} models")
     return "\n".join(lines)
 
 
