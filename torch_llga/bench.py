@@ -384,7 +384,9 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--sample-ms", type=float, default=30.0,
+    # 30 ms samples spread XML-CNN's per-round ratios by +-10% on the shared 2-core machine; a
+    # whole fp32 run at 150 ms takes about three minutes.
+    parser.add_argument("--sample-ms", type=float, default=150.0,
                         help="timed calls per backend per round: enough for about this long (at least one)")
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--out", help="write <out>.md (the table) and <out>.png (a bar chart)")
