@@ -399,6 +399,22 @@ def test_sdpa_oneDNN_cannot_take_whole_stays_in_pytorch(all_partitions):
     mask = torch.rand(2, 1, 4, 4) > 0.3
     fused = check(sdpa, q, k, v, mask, groups=[["relu"], ["relu"], ["relu"]])
     assert "scaled_dot_product_attention" in fused.unfused
+    assert "llga::" not in str(fused.graph).replace("llga::FusionGroup", "").replace("llga::Guard", "")
+    assert "contiguous" not in fused.unfused
+
+
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_sdpa_at_another_dtype_runs_its_fallback_right(scale):
+    # Traced in fp32, called in bf16: the guard sends the call to the spelled-out fallback, whose
+    # scale and mask bias take the query's dtype at run time (a profiled fp32 constant promoted
+    # the bf16 scores to fp32, and the last matmul then failed where eager SDPA runs).
+    fn = lambda a, b, c, m: F.scaled_dot_product_attention(a.relu(), b.relu(), c.relu(), attn_mask=m, scale=scale)  # noqa: E731
+    q, k, v = torch.randn(2, 4, 16, 32), torch.randn(2, 4, 24, 32), torch.randn(2, 4, 24, 32)
+    mask = torch.rand(2, 1, 16, 24) > 0.3
+    fused = check(fn, q, k, v, mask, groups=SOME)
+    assert ["relu", "relu", "relu"] != fused.groups and any("matmul" in g for g in fused.groups)
+    args = (q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
+    torch.testing.assert_close(fused(*args), fn(*args), rtol=1.6e-2, atol=1e-2)  # bf16 rounding
 
 
 def test_sdpa_of_strided_views_stays_in_pytorch():
@@ -634,7 +650,11 @@ def test_one_channel_conv_of_unit_output_width(shape, kernel, stride, padding):
     torch_llga.set_shape_policy("compile")  # the wide group at the unit width: unfused, right
     fused_wide = Fused(fn, (torch.randn(*wide),))
     x = torch.randn(*shape)
+    before = torch_llga.stats()
     torch.testing.assert_close(fused_wide(x), fn(x), **FP32)
+    after = torch_llga.stats()
+    assert after["kernel_fallbacks"] == before["kernel_fallbacks"] + 1  # the mapping refused it again
+    assert after["executions"] == before["executions"]
 
 
 def test_per_channel_post_op_of_a_binary_at_unit_spatial():

@@ -153,24 +153,27 @@ torch::jit::RegisterOperators registered({torch::jit::Operator(
 
 // PyTorch's SDPA turns a boolean mask into this bias too (True attends).
 torch::jit::RegisterOperators registered_bias({torch::jit::Operator(
-    "llga::attention_bias(Tensor mask, ScalarType dtype) -> Tensor",
+    "llga::attention_bias(Tensor mask, Tensor like) -> Tensor",
     [](torch::jit::Stack& stack) {
-      auto dtype = static_cast<at::ScalarType>(torch::jit::pop(stack).toInt());
+      auto dtype = torch::jit::pop(stack).toTensor().scalar_type();  // the query's, at run time
       at::Tensor mask = torch::jit::pop(stack).toTensor();
       auto options = mask.options().dtype(dtype);
       torch::jit::push(stack, at::where(mask, at::zeros({}, options), at::full({}, -std::numeric_limits<double>::infinity(), options)));
     },
     c10::AliasAnalysisKind::FROM_SCHEMA)});
 
-// sdpa_scale(q): SDPA's default scale, 1 / sqrt(q.size(-1)), as a [1, 1, 1, 1] tensor of q's dtype.
-// Computed at run time, not from the profiled head size: a group may run at other sizes, and its
-// fallback is the spelled-out attention too.
+// sdpa_scale(q, scale): SDPA's scale (the given one, or 1 / sqrt(q.size(-1))), as a [1, 1, 1, 1]
+// tensor of q's dtype. Computed at run time, not from the profiled head size and dtype: a group may
+// run at other sizes, and its fallback, the spelled-out attention too, at other dtypes (a profiled
+// fp32 scale made a bf16 call's scores fp32, and its last matmul fail).
 const c10::Symbol kSdpaScale = c10::Symbol::fromQualString("llga::sdpa_scale");
 torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
-    "llga::sdpa_scale(Tensor query) -> Tensor",
+    "llga::sdpa_scale(Tensor query, float? scale) -> Tensor",
     [](torch::jit::Stack& stack) {
+      auto scale = torch::jit::pop(stack).toOptional<double>();
       at::Tensor q = torch::jit::pop(stack).toTensor();
-      torch::jit::push(stack, at::full({1, 1, 1, 1}, 1.0 / std::sqrt(static_cast<double>(q.size(-1))), q.options()));
+      double value = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+      torch::jit::push(stack, at::full({1, 1, 1, 1}, value, q.options()));
     },
     c10::AliasAnalysisKind::FROM_SCHEMA)});
 
@@ -182,7 +185,7 @@ torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
 // (with a mask, softmax_inf_as_zero: a fully masked row attends to nothing, as in PyTorch's kernel)
 // Inference only (dropout 0), not causal, no grouped-query heads, rank-4 q/k/v of one float dtype
 // with profiled sizes; a float mask is added, a boolean one as its attention_bias (True: attend). The scale is a
-// [1, 1, 1, 1] tensor (oneDNN 3.12 compiles no SDPA with a 1-D one): a constant, or sdpa_scale(q).
+// [1, 1, 1, 1] tensor (oneDNN 3.12 compiles no SDPA with a 1-D one): sdpa_scale(q, scale).
 void decompose_sdpa(torch::jit::Block* block) {
   static const char* kSchema =
       "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
@@ -242,16 +245,14 @@ void decompose_sdpa(torch::jit::Block* block) {
                       {kst[0], kst[1], kst[3], kst[2]});
     std::vector<int64_t> score_sizes = {qs[0], qs[1], qs[2], ks[2]};
     Value* scores = typed(g->insert(c10::aten::matmul, {n->input(0), kt}), *q, score_sizes, contiguous(score_sizes));
-    // A given scale is a constant; the default one depends on the head size (sdpa_scale).
-    auto like = at::full({1, 1, 1, 1}, scale_arg->isDouble() ? scale_arg->toDouble() : 1.0, options);
-    Value* factor = scale_arg->isDouble() ? g->insertConstant(like) : g->insert(kSdpaScale, {n->input(0)});
-    factor->setType(c10::TensorType::create(like));
+    Value* factor = g->insert(kSdpaScale, {n->input(0), n->input(6)});
+    factor->setType(c10::TensorType::create(at::full({1, 1, 1, 1}, 1.0, options)));
     scores = typed(g->insert(c10::aten::mul, {scores, factor}), *q, score_sizes, contiguous(score_sizes));
     if (bool_mask) {
       // Added, not selected: oneDNN runs the scores' matmul with a select post-op as a plain gemm,
       // 3.6x slower than its brgemm with an add (BERT-base's 12 x 128 x 64, bf16, measured).
       auto mask_sizes = *mask->type()->expect<torch::jit::TensorType>()->sizes().concrete_sizes();
-      Value* bias = typed(g->insert(kAttentionBias, {mask, *q->scalarType()}), *q, mask_sizes, contiguous(mask_sizes));
+      Value* bias = typed(g->insert(kAttentionBias, {mask, n->input(0)}), *q, mask_sizes, contiguous(mask_sizes));
       scores = typed(g->insert(c10::aten::add, {scores, bias}), *q, score_sizes, contiguous(score_sizes));
     } else if (has_mask) {
       scores = typed(g->insert(c10::aten::add, {scores, mask}), *q, score_sizes, contiguous(score_sizes));

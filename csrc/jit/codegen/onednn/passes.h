@@ -37,7 +37,7 @@ inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
 // kNotScanned: its infinities are meant (an llga::attention_bias).
 inline const c10::Symbol kFiniteGiven = c10::Symbol::attr("finite_given");
 constexpr int64_t kNotScanned = -2;
-// attention_bias(mask, dtype): 0 where the boolean mask attends, -inf where not (decompose_ops.cpp's
+// attention_bias(mask, like): 0 where the boolean mask attends, -inf where not, in like's dtype (decompose_ops.cpp's
 // SDPA adds it to the scores). Its -inf are its meaning, and it holds no NaN: guards do not scan it.
 inline const c10::Symbol kAttentionBias = c10::Symbol::fromQualString("llga::attention_bias");
 // On a guard: its inputs must be plain strided tensors, no LLGA ones (a small-graph plan reads them).
