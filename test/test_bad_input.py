@@ -86,6 +86,45 @@ def test_one_nan_scan_for_an_input_several_groups_read(write_between):
         assert expected.isnan().any()
 
 
+class EmbeddingConvs(nn.Module):
+    """XML-CNN's front: token embeddings, transposed, read by two conv + relu groups."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.embedding = nn.Embedding.from_pretrained(table)
+        self.convs = nn.ModuleList(nn.Conv1d(table.shape[1], 8, k) for k in (2, 4))
+
+    def forward(self, tokens):
+        x = self.embedding(tokens).transpose(1, 2)
+        return torch.cat([F.relu(conv(x)).amax(2) for conv in self.convs], 1)
+
+
+@pytest.mark.parametrize("table_holds_nan", [False, True])
+def test_embedding_rows_are_scanned_only_if_the_table_holds_nan(table_holds_nan):
+    # Rows gathered from a constant table without NaN/Inf are finite whatever the tokens: their
+    # groups' guards skip the scan. A table that holds a NaN keeps the scan, and its row runs unfused.
+    table = torch.randn(50, 16)
+    if table_holds_nan:
+        table[7, 3] = float("nan")
+    model = EmbeddingConvs(table).eval()
+    tokens = torch.randint(8, 50, (2, 24))
+    fused = check(model, tokens, groups=[["_convolution", "relu"]] * 2)
+    guards = fused.graph.findAllNodes("llga::Guard", True)
+    assert len(guards) == 2
+    unscanned = [g.hasAttribute("finite_given") and getattr(g, "is")("finite_given") == [-2] for g in guards]
+    assert unscanned == [not table_holds_nan] * 2
+    assert len(fused.graph.findAllNodes("llga::AllFinite", True)) == (0 if not table_holds_nan else 1)
+    bad = tokens.clone()
+    bad[1, 5] = 7  # the row with the NaN, if the table has one
+    before = torch_llga.stats()
+    with torch.no_grad():
+        expected = model(bad)
+        torch.testing.assert_close(fused(bad), expected, equal_nan=True, **FP32)
+    assert expected.isnan().any() == table_holds_nan
+    after = torch_llga.stats()
+    assert after["nonfinite_fallbacks"] - before["nonfinite_fallbacks"] == (2 if table_holds_nan else 0)
+
+
 class LinearAdd(nn.Module):
     def __init__(self):
         super().__init__()

@@ -34,7 +34,8 @@ inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
 // On a guard: per checked input, -1 (scan it), k: its finiteness is the guard's k-th extra (bool)
 // input, an llga::AllFinite shared by the guards of every group that reads the same value, or
-// kNotScanned: its infinities are meant (an llga::attention_bias).
+// kNotScanned: no NaN/Inf can reach it (rows of a constant table that holds none) or its
+// infinities are meant (an llga::attention_bias).
 inline const c10::Symbol kFiniteGiven = c10::Symbol::attr("finite_given");
 constexpr int64_t kNotScanned = -2;
 // attention_bias(mask, like): 0 where the boolean mask attends, -inf where not, in like's dtype (decompose_ops.cpp's
