@@ -33,6 +33,7 @@ import importlib
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -273,9 +274,11 @@ def bench_model(name, backends, args):
     repeat = max(1, min(10000, round(args.sample_ms / max(once, 1e-3))))
     for r in range(args.rounds):
         progress(f"{name}: round {r + 1}/{args.rounds}")
-        # The order rotates each round: a backend timed right after another pays for what that one
-        # left in the caches (measurable on microsecond models), and no backend always does.
-        for backend in ready[r % len(ready):] + ready[:r % len(ready)]:
+        # A new order each round (seeded: runs repeat): a backend timed right after another pays for
+        # what that one left in the caches and threads (measurable on microsecond models). Rotating
+        # one order kept each backend's predecessor the same in every round (torch_llga always
+        # followed the built-in fuser); shuffled, each follows each other one in some rounds.
+        for backend in random.Random(r).sample(ready, len(ready)):
             row["results"][backend.name]["times"].append(backend.time_ms(repeat, SETTLE_MS))
     for backend in ready:
         res = row["results"][backend.name]
