@@ -291,14 +291,16 @@ def test_matmul_of_a_permuted_group_output(all_partitions):
 
 @pytest.mark.parametrize("shape", [(1, 72, 28, 28), (2, 40, 7, 7)])
 def test_squeeze_excitation_hardsigmoid(shape):
-    # MobileNetV3's block: the scale conv, its hardsigmoid and the channel-wise mul form one partition.
-    # The global average pool is a group too: in a network its input is a conv's output, which then
-    # stays in oneDNN's layout (no reorder to plain for PyTorch's pool and back for the mul).
+    # MobileNetV3's block: the scale conv and its hardsigmoid form one partition; the channel-wise
+    # mul, which oneDNN can only run as a slow binary primitive of its own, stays in PyTorch
+    # (test_squeeze_excitation_scale_runs_in_pytorch_on_channels_last). The global average pool is
+    # a group too: in a network its input is a conv's output, read in oneDNN's layout.
     from torchvision.ops import SqueezeExcitation
 
     block = SqueezeExcitation(shape[1], 24, scale_activation=nn.Hardsigmoid)
-    check(block, torch.randn(*shape),
-          groups=[["adaptive_avg_pool2d"], ["_convolution", "relu"], ["_convolution", "hardsigmoid", "mul"]])
+    fused = check(block, torch.randn(*shape),
+                  groups=[["adaptive_avg_pool2d"], ["_convolution", "relu"], ["_convolution", "hardsigmoid"]])
+    assert fused.unfused == ["mul"]
 
 
 class SelfAttention(nn.Module):
@@ -603,6 +605,41 @@ def test_global_average_pool_reads_the_conv_output_in_onednn_layout():
     x = torch.randn(2, 8, 12, 12)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class SqueezeExcitation(nn.Module):
+    """MobileNetV3's block: depthwise conv, the channel scale from its pooled output, projection."""
+
+    def __init__(self, c=24, r=8):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.fc1, self.fc2 = nn.Conv2d(c, r, 1), nn.Conv2d(r, c, 1)
+        self.proj = nn.Conv2d(c, 16, 1)
+
+    def forward(self, x):
+        x = F.relu(self.dw(x))
+        scale = F.hardsigmoid(self.fc2(F.relu(self.fc1(F.adaptive_avg_pool2d(x, 1)))))
+        return self.proj(x * scale).view(-1)  # view(): eager's NCHW layout must reach it
+
+
+def test_squeeze_excitation_scale_runs_in_pytorch_on_channels_last():
+    # oneDNN can make x * scale ([1, C, 1, 1] up to [1, C, H, W]) no post-op: it ran it as a binary
+    # primitive of its own, 30-130 us where PyTorch's mul takes 5-9 (broadcast_up_post_op). In
+    # PyTorch, the mul reads x in the channels-last strides the depthwise conv computes in, and its
+    # result goes to the projection as is: no reorder to NCHW and back.
+    model = SqueezeExcitation()
+    x = torch.randn(1, 24, 14, 14)
+    fused = check(model, x, groups=[["_convolution", "relu"], ["adaptive_avg_pool2d"], ["_convolution", "relu"],
+                                    ["_convolution", "hardsigmoid"], ["_convolution"]])
+    assert fused.unfused == ["mul", "view"]
+    layouts = [opaque_outputs(g) for g in fused.graph.findAllNodes("llga::FusionGroup", True)]
+    assert layouts == [[2], [1], [1], [2], [0]]  # what mul reads: channels-last; the projection's (view reads it): eager's
+    for other in (torch.randn(1, 24, 14, 14), torch.randn(1, 24, 10, 10), torch.randn(2, 24, 14, 14)):
+        with torch.no_grad():  # other sizes: some guards fail, their fallbacks get NCHW inputs back
+            torch.testing.assert_close(fused(other), model(other), **FP32)
+    with torch.no_grad():  # the layout is the groups' business: what the model returns is eager's
+        assert fused(x).is_contiguous()
+    assert torch_llga.stats()["guard_failures"] > 0  # the other sizes took the fallbacks
 
 
 def test_transposed_operand_with_size_one_batch_dims():

@@ -132,7 +132,8 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
 }
 
 // The binary ops oneDNN put in a partition where it computes them wrongly (a pooling or layer norm
-// they read, a binary main op at unit spatial sizes: quirks::wrong_in_partition). The same op may rightly be a convolution's
+// they read, a binary main op at unit spatial sizes: quirks::wrong_in_partition), or far slower
+// than PyTorch (quirks::broadcast_up_post_op). The same op may rightly be a convolution's
 // or matmul's post-op in another partitioning (ResNet's residual add reads a max-pool output): the
 // fuser excludes these and asks oneDNN again.
 std::vector<Node*> wrong_post_ops(const BuiltGraph& built) {
@@ -142,7 +143,8 @@ std::vector<Node*> wrong_post_ops(const BuiltGraph& built) {
     auto nodes = built.nodes_of(p);
     std::unordered_set<const Node*> members(nodes.begin(), nodes.end());
     for (Node* n : nodes)
-      if (is_binary_op(n) && quirks::wrong_in_partition(n, members)) found.push_back(n);
+      if (is_binary_op(n) && (quirks::wrong_in_partition(n, members) || quirks::broadcast_up_post_op(n, members)))
+        found.push_back(n);
   }
   return found;
 }
@@ -166,7 +168,8 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
   for (Node* n : built.shape_specific) n->i_(kShapeSpecific, 1);  // read by InsertGuards
   if (!built.failure.empty())
     for (const auto& [id, n] : built.op_nodes) n->s_(kUnfusedReason, "oneDNN could not partition this block: " + built.failure);
-  for (Node* n : excluded) n->s_(kUnfusedReason, "a post-op oneDNN computes wrongly in this partition (onednn_quirks.h, wrong_in_partition)");
+  for (Node* n : excluded)
+    n->s_(kUnfusedReason, "a post-op oneDNN computes wrongly or slowly in this partition (onednn_quirks.h: wrong_in_partition, broadcast_up_post_op)");
 
   std::vector<std::pair<std::vector<Node*>, const dnnl::graph::partition*>> partitions;
   for (const auto& p : built.partitions) {

@@ -32,6 +32,13 @@ bool plain_memory(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t._is_zerotensor() && !t.is_neg() && !t.is_conj();
 }
 
+// The profile saw this input in NCHW strides (channel stride above 1), not channels-last ones.
+bool profiled_nchw(const TensorType& expected) {
+  auto strides = expected.strides().concrete_sizes();
+  auto sizes = expected.sizes().concrete_sizes();
+  return strides && sizes && strides->size() == 4 && ((*sizes)[1] == 1 || (*strides)[1] != 1);
+}
+
 bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes, bool plain) {
   if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
   if (plain && (is_llga_tensor(t) || !t.has_storage())) return false;  // a plan reads the memory itself
@@ -117,8 +124,15 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
     torch::jit::drop(stack, extra);
     if (!ok) {
       runtime::stats().guard_failures.fetch_add(1, std::memory_order_relaxed);
-      // The fallback runs PyTorch ops: no LLGA tensor may reach them.
-      for (size_t i = 0; i < n; ++i) stack[stack.size() - n + i] = llga_to_dense(stack[stack.size() - n + i].toTensor());
+      // The fallback runs PyTorch ops: no LLGA tensor may reach them, and an input profiled in
+      // NCHW that a group handed over in channels-last strides (layout_propagation.cpp) is made
+      // NCHW again: PyTorch's ops pass the layout on, and a later view() expects eager's.
+      for (size_t i = 0; i < n; ++i) {
+        at::Tensor t = llga_to_dense(stack[stack.size() - n + i].toTensor());
+        if (t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast) && profiled_nchw(*expected[i]))
+          t = t.contiguous();
+        stack[stack.size() - n + i] = std::move(t);
+      }
     }
     stack.emplace_back(ok);
   };

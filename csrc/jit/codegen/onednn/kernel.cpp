@@ -287,7 +287,12 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
       if (!port.qparams) return false;
       strides = quantized_strides(port.sizes);
     }
-    port.opaque = static_cast<size_t>(j) < opaque.size() && opaque[j] && !port.qparams;
+    const int64_t layout = static_cast<size_t>(j) < opaque.size() ? opaque[j] : kStridedOutput;
+    if (layout == kChannelsLastOutput && port.sizes.size() == 4 && !port.qparams) {
+      auto channels_last = c10::get_channels_last_strides_2d(port.sizes);
+      strides.assign(channels_last.begin(), channels_last.end());
+    }
+    port.opaque = layout == kOpaqueOutput && !port.qparams;
     port.strides = unit_dims_dense(port.sizes, strides);
     output_port_[j] = out_ports_.size();
     out_ports_.push_back(std::move(port));

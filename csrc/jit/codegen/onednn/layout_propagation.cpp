@@ -1,7 +1,16 @@
 // An output read only by other fusion groups may stay in the layout oneDNN picks (often blocked):
 // the next group reads it as is and no reorder to strided happens at the boundary. An output that
-// PyTorch reads (another op, a graph output) is a normal strided tensor.
+// PyTorch reads (another op, a graph output) is a normal strided tensor: in eager's strides, except
+// a 4-D output of a group with a convolution that only groups and elementwise ops read, whose
+// results only groups read. That one is handed over in channels-last strides, the layout oneDNN's
+// convolutions compute in on AVX-512 (acdb): MobileNetV3's squeeze-and-excitation scale x * s,
+// left to PyTorch (onednn_quirks.h, broadcast_up_post_op), reads x and feeds the next convolution
+// with no reorder to NCHW and back. Elementwise ops give the same values for any strides; their
+// channels-last results reach groups only, which take any strides (and a guard hands a failed
+// group's fallback eager's layout).
 #include <torch/csrc/jit/jit_log.h>
+
+#include <unordered_set>
 
 #include "jit/codegen/onednn/passes.h"
 
@@ -9,17 +18,46 @@ namespace llga {
 
 namespace {
 
+bool read_by_groups_only(const Value* v) {
+  if (v->uses().empty()) return false;
+  for (const auto& use : v->uses())
+    if (use.user->kind() != kFusionGroup) return false;
+  return true;
+}
+
+// Ops whose every output element comes from the same-index elements of their (broadcast) inputs:
+// the values do not depend on the strides.
+bool elementwise(const Node* n) {
+  static const std::unordered_set<c10::Symbol> ops = {
+      c10::aten::mul,     c10::aten::add,         c10::aten::sub,       c10::aten::div,     c10::aten::relu,
+      c10::aten::sigmoid, c10::aten::hardsigmoid, c10::aten::hardswish, c10::aten::hardtanh, c10::aten::tanh};
+  return ops.count(n->kind()) && n->outputs().size() == 1;
+}
+
+// A group of image ops (a 2-D convolution in it): its 4-D outputs are computed channels-last.
+bool convolves(const Node* group) {
+  for (const Node* n : group->g(c10::attr::Subgraph)->nodes())
+    if (n->kind() == c10::aten::_convolution || n->kind() == c10::aten::conv2d) return true;
+  return false;
+}
+
+int64_t layout_of(const Node* group, const Value* out) {
+  if (read_by_groups_only(out)) return kOpaqueOutput;
+  auto t = out->type()->cast<torch::jit::TensorType>();
+  if (!t || t->dim() != 4 || out->uses().empty() || !convolves(group)) return kStridedOutput;
+  for (const auto& use : out->uses())
+    if (use.user->kind() != kFusionGroup && !(elementwise(use.user) && read_by_groups_only(use.user->output())))
+      return kStridedOutput;
+  return kChannelsLastOutput;
+}
+
 void propagate(torch::jit::Block* block) {
-  for (torch::jit::Node* n : block->nodes()) {
+  for (Node* n : block->nodes()) {
     for (auto* b : n->blocks()) propagate(b);
     if (n->kind() != kFusionGroup) continue;
-    std::vector<int64_t> opaque;
-    for (torch::jit::Value* out : n->outputs()) {
-      bool only_groups = !out->uses().empty();
-      for (const auto& use : out->uses()) only_groups = only_groups && use.user->kind() == kFusionGroup;
-      opaque.push_back(only_groups ? 1 : 0);
-    }
-    n->is_(kOpaqueOutputs, opaque);
+    std::vector<int64_t> layouts;
+    for (Value* out : n->outputs()) layouts.push_back(layout_of(n, out));
+    n->is_(kOpaqueOutputs, layouts);
   }
 }
 

@@ -240,6 +240,33 @@ bool per_channel_post_op_at_unit_spatial(const Node* binary, const std::unordere
   return false;
 }
 
+// 3.12.0, slow (not wrong): a binary op whose operand computed in the partition is smaller than
+// its output, broadcast up to the other operand from outside the partition (squeeze-and-excitation:
+// x * hardsigmoid(conv(pool(x))), the conv's [1, C, 1, 1] times x's [1, C, H, W]), can be no
+// post-op: oneDNN runs it as a binary primitive of its own (jit:uni; channels-last, per-channel
+// broadcast), 30-130 us a MobileNetV3 block where PyTorch's mul takes 5-9 us (Zen 4, 2 threads).
+// Such an op stays in PyTorch, x handed to it in channels-last strides (layout_propagation.cpp).
+// A speed rule: the fuser's only, not asked at new sizes.
+// test_patterns.py::test_squeeze_excitation_scale_runs_in_pytorch_on_channels_last.
+bool broadcast_up_post_op(const Node* binary, const std::unordered_set<const Node*>& partition) {
+  if (!active("broadcast_up_post_op")) return false;
+  auto out = sizes(binary->output());
+  if (out.empty()) return false;
+  auto numel = [](const std::vector<int64_t>& s) {
+    int64_t n = 1;
+    for (int64_t d : s) n *= d;
+    return n;
+  };
+  for (size_t i = 0; i < 2; ++i) {
+    const Value* mine = binary->input(i);
+    const Value* other = binary->input(1 - i);
+    if (!partition.count(mine->node()) || partition.count(other->node()) || other->node()->kind() == c10::prim::Constant) continue;
+    auto m = sizes(mine);
+    if (!m.empty() && numel(m) < numel(out)) return true;
+  }
+  return false;
+}
+
 // 3.12.0: an int8 conv whose sum post-op reads the conv's own (dequantized) input, conv(y) + y,
 // does not compile ("could not create a primitive descriptor for the reorder primitive"; v3.2
 // compiled it). Such an add keeps the conv's requantization and runs in PyTorch.

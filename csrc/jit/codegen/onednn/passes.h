@@ -15,7 +15,11 @@ using torch::jit::Value;
 inline const c10::Symbol kFusionGroup = c10::Symbol::fromQualString("llga::FusionGroup");
 inline const c10::Symbol kGuard = c10::Symbol::fromQualString("llga::Guard");
 // Attributes of a fusion group node.
-inline const c10::Symbol kOpaqueOutputs = c10::Symbol::attr("opaque_outputs");    // ints: 1 = may stay opaque
+// Per output (PropagateLayout): kOpaqueOutputs's values.
+inline const c10::Symbol kOpaqueOutputs = c10::Symbol::attr("opaque_outputs");
+constexpr int64_t kStridedOutput = 0;       // PyTorch reads it: eager's strides
+constexpr int64_t kOpaqueOutput = 1;        // only groups read it: oneDNN's layout (often blocked)
+constexpr int64_t kChannelsLastOutput = 2;  // groups and stride-free PyTorch ops: NHWC strides
 // Attribute of a group: per input, 1 when it is a guard's output. The interpreter then holds
 // exactly one more reference to it while the group runs (a register, dropped after the guard's
 // If), which the kernel counts before it computes an output in that input's memory.
