@@ -114,7 +114,8 @@ def seeded():
 
 
 def opaque_outputs(group):
-    """A fusion group's per-output flags: 1 = may stay in oneDNN's own layout (read only by groups)."""
+    """A fusion group's per-output layouts: 1 = may stay in oneDNN's own layout (read only by groups),
+    2 = channels-last strides (groups and elementwise PyTorch ops read it), 0 = eager's strides."""
     return getattr(group, "is")("opaque_outputs")  # Node.is(), a Python keyword
 
 

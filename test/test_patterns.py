@@ -608,7 +608,8 @@ def test_global_average_pool_reads_the_conv_output_in_onednn_layout():
 
 
 class SqueezeExcitation(nn.Module):
-    """MobileNetV3's block: depthwise conv, the channel scale from its pooled output, projection."""
+    """MobileNetV3's block: depthwise conv, the channel scale from its pooled output, projection
+    with a residual r and a relu (its group scans its inputs for NaN)."""
 
     def __init__(self, c=24, r=8):
         super().__init__()
@@ -616,10 +617,10 @@ class SqueezeExcitation(nn.Module):
         self.fc1, self.fc2 = nn.Conv2d(c, r, 1), nn.Conv2d(r, c, 1)
         self.proj = nn.Conv2d(c, 16, 1)
 
-    def forward(self, x):
+    def forward(self, x, r):
         x = F.relu(self.dw(x))
         scale = F.hardsigmoid(self.fc2(F.relu(self.fc1(F.adaptive_avg_pool2d(x, 1)))))
-        return self.proj(x * scale).view(-1)  # view(): eager's NCHW layout must reach it
+        return F.relu(self.proj(x * scale) + r).view(-1)  # view(): eager's NCHW layout must reach it
 
 
 def test_squeeze_excitation_scale_runs_in_pytorch_on_channels_last():
@@ -628,18 +629,26 @@ def test_squeeze_excitation_scale_runs_in_pytorch_on_channels_last():
     # PyTorch, the mul reads x in the channels-last strides the depthwise conv computes in, and its
     # result goes to the projection as is: no reorder to NCHW and back.
     model = SqueezeExcitation()
-    x = torch.randn(1, 24, 14, 14)
-    fused = check(model, x, groups=[["_convolution", "relu"], ["adaptive_avg_pool2d"], ["_convolution", "relu"],
-                                    ["_convolution", "hardsigmoid"], ["_convolution"]])
+    x, r = torch.randn(1, 24, 14, 14), torch.randn(1, 16, 14, 14)
+    fused = check(model, x, r, groups=[["_convolution", "relu"], ["adaptive_avg_pool2d"], ["_convolution", "relu"],
+                                       ["_convolution", "hardsigmoid"], ["_convolution", "add", "relu"]])
     assert fused.unfused == ["mul", "view"]
     layouts = [opaque_outputs(g) for g in fused.graph.findAllNodes("llga::FusionGroup", True)]
-    assert layouts == [[2], [1], [1], [2], [0]]  # what mul reads: channels-last; the projection's (view reads it): eager's
-    for other in (torch.randn(1, 24, 14, 14), torch.randn(1, 24, 10, 10), torch.randn(2, 24, 14, 14)):
-        with torch.no_grad():  # other sizes: some guards fail, their fallbacks get NCHW inputs back
-            torch.testing.assert_close(fused(other), model(other), **FP32)
-    with torch.no_grad():  # the layout is the groups' business: what the model returns is eager's
-        assert fused(x).is_contiguous()
-    assert torch_llga.stats()["guard_failures"] > 0  # the other sizes took the fallbacks
+    assert layouts == [[2], [1], [1], [0], [0]]  # x for the mul: channels-last; the rest PyTorch reads: eager's
+    # A NaN in r fails the projection's guard alone: its fallback's PyTorch conv gets x * scale, which
+    # PyTorch computed channels-last, back in NCHW (else its result, and view(), would be channels-last).
+    bad = r.clone()
+    bad[0, 3, 2, 2] = float("nan")
+    before = torch_llga.stats()
+    with torch.no_grad():
+        expected = model(x, bad)
+        torch.testing.assert_close(fused(x, bad), expected, equal_nan=True, **FP32)
+    assert torch_llga.stats()["nonfinite_fallbacks"] == before["nonfinite_fallbacks"] + 1
+    assert expected.isnan().any()
+    for size in (10, 14):  # other sizes: some guards fail, their fallbacks get NCHW inputs back
+        x2, r2 = torch.randn(2, 24, size, size), torch.randn(2, 16, size, size)
+        with torch.no_grad():
+            torch.testing.assert_close(fused(x2, r2), model(x2, r2), **FP32)
 
 
 def test_transposed_operand_with_size_one_batch_dims():

@@ -136,15 +136,19 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
 // than PyTorch (quirks::broadcast_up_post_op). The same op may rightly be a convolution's
 // or matmul's post-op in another partitioning (ResNet's residual add reads a max-pool output): the
 // fuser excludes these and asks oneDNN again.
-std::vector<Node*> wrong_post_ops(const BuiltGraph& built) {
-  std::vector<Node*> found;
+std::vector<std::pair<Node*, const char*>> wrong_post_ops(const BuiltGraph& built) {
+  std::vector<std::pair<Node*, const char*>> found;  // each with why it stays in PyTorch
   for (const auto& p : built.partitions) {
     if (!p.is_supported()) continue;
     auto nodes = built.nodes_of(p);
     std::unordered_set<const Node*> members(nodes.begin(), nodes.end());
-    for (Node* n : nodes)
-      if (is_binary_op(n) && (quirks::wrong_in_partition(n, members) || quirks::broadcast_up_post_op(n, members)))
-        found.push_back(n);
+    for (Node* n : nodes) {
+      if (!is_binary_op(n)) continue;
+      if (quirks::wrong_in_partition(n, members))
+        found.emplace_back(n, "a post-op oneDNN computes wrongly in this partition (onednn_quirks.h, wrong_in_partition)");
+      else if (quirks::broadcast_up_post_op(n, members))
+        found.emplace_back(n, "a per-channel scale oneDNN runs slowly in this partition (onednn_quirks.h, broadcast_up_post_op)");
+    }
   }
   return found;
 }
@@ -155,21 +159,22 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
 
   BuildOptions opts;
   std::vector<Node*> excluded;
+  std::vector<std::pair<Node*, const char*>> exclusions;  // with their reasons
   // A node whose tensors are written in place elsewhere keeps its place in program order.
   opts.may_map = [&](const Node* n) {
     return !db.hasWriters(n) && std::find(excluded.begin(), excluded.end(), n) == excluded.end();
   };
   BuiltGraph built = build_graph(block, opts);
   for (auto bad = wrong_post_ops(built); !bad.empty(); bad = wrong_post_ops(built)) {
-    excluded.insert(excluded.end(), bad.begin(), bad.end());  // each round excludes more nodes: it ends
+    for (const auto& [n, why] : bad) excluded.push_back(n);  // each round excludes more nodes: it ends
+    exclusions.insert(exclusions.end(), bad.begin(), bad.end());
     built = build_graph(block, opts);
   }
   mark_unmapped(block, built, db);
+  for (const auto& [n, why] : exclusions) n->s_(kUnfusedReason, why);
   for (Node* n : built.shape_specific) n->i_(kShapeSpecific, 1);  // read by InsertGuards
   if (!built.failure.empty())
     for (const auto& [id, n] : built.op_nodes) n->s_(kUnfusedReason, "oneDNN could not partition this block: " + built.failure);
-  for (Node* n : excluded)
-    n->s_(kUnfusedReason, "a post-op oneDNN computes wrongly or slowly in this partition (onednn_quirks.h: wrong_in_partition, broadcast_up_post_op)");
 
   std::vector<std::pair<std::vector<Node*>, const dnnl::graph::partition*>> partitions;
   for (const auto& p : built.partitions) {

@@ -124,15 +124,10 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
     torch::jit::drop(stack, extra);
     if (!ok) {
       runtime::stats().guard_failures.fetch_add(1, std::memory_order_relaxed);
-      // The fallback runs PyTorch ops: no LLGA tensor may reach them, and an input profiled in
-      // NCHW that a group handed over in channels-last strides (layout_propagation.cpp) is made
-      // NCHW again: PyTorch's ops pass the layout on, and a later view() expects eager's.
-      for (size_t i = 0; i < n; ++i) {
-        at::Tensor t = llga_to_dense(stack[stack.size() - n + i].toTensor());
-        if (t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast) && profiled_nchw(*expected[i]))
-          t = t.contiguous();
-        stack[stack.size() - n + i] = std::move(t);
-      }
+      // The fallback runs PyTorch ops: no LLGA tensor may reach them, nor a channels-last one
+      // where eager's is NCHW (in_profiled_layout).
+      for (size_t i = 0; i < n; ++i)
+        stack[stack.size() - n + i] = in_profiled_layout(llga_to_dense(stack[stack.size() - n + i].toTensor()), *expected[i]);
     }
     stack.emplace_back(ok);
   };
@@ -154,5 +149,11 @@ torch::jit::RegisterOperators registered({
 });
 
 }  // namespace
+
+at::Tensor in_profiled_layout(const at::Tensor& t, const TensorType& profiled) {
+  if (t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast) && profiled_nchw(profiled))
+    return t.contiguous();
+  return t;
+}
 
 }  // namespace llga

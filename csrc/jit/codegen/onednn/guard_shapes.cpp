@@ -73,10 +73,20 @@ bool unscanned(const Value* v, std::unordered_map<const Value*, bool>& tables) {
   if (n->kind() == kAttentionBias) return true;
   if (n->kind() != c10::aten::embedding || n->input(0)->node()->kind() != c10::prim::Constant) return false;
   const Value* table = n->input(0);
+  // The table's own values, not its bits read as another dtype (a view(dtype) on the way).
+  auto vt = v->type()->cast<torch::jit::TensorType>();
+  auto tt = table->type()->cast<torch::jit::TensorType>();
+  if (!vt || !tt || !vt->scalarType() || vt->scalarType() != tt->scalarType()) return false;
   auto found = tables.find(table);
   if (found == tables.end()) {
     auto t = torch::jit::toIValue(table);
-    bool finite = t && t->isTensor() && t->toTensor().is_floating_point() && at::isfinite(t->toTensor()).all().item<bool>();
+    bool finite = t && t->isTensor() && t->toTensor().is_floating_point();
+    if (finite) {  // in slices: isfinite of a whole word-vector table would be its size again in bools
+      const at::Tensor rows = t->toTensor().reshape({-1});
+      constexpr int64_t kSlice = 1 << 20;
+      for (int64_t i = 0; finite && i < rows.numel(); i += kSlice)
+        finite = at::isfinite(rows.slice(0, i, std::min(rows.numel(), i + kSlice))).all().item<bool>();
+    }
     found = tables.emplace(table, finite).first;
   }
   return found->second;
@@ -102,7 +112,8 @@ Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritte
   guard->i_(kFiniteInputs, !plan && needs_finite_inputs(group));
   if (plan) guard->i_(kPlainInputs, 1);
   std::vector<int64_t> given;
-  for (Value* v : checked) given.push_back(unwritten.count(v) && unscanned(v, tables) ? kNotScanned : -1);
+  if (guard->i(kFiniteInputs))
+    for (Value* v : checked) given.push_back(unwritten.count(v) && unscanned(v, tables) ? kNotScanned : -1);
   if (std::count(given.begin(), given.end(), kNotScanned)) guard->is_(kFiniteGiven, given);
   std::unordered_map<Value*, Value*> checked_value;
   for (size_t i = 0; i < checked.size(); ++i) {

@@ -489,10 +489,13 @@ void FusionKernel::run_fallback(Stack& stack) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
     if (!fallback_code_) fallback_code_ = std::make_unique<torch::jit::Code>(subgraph_->copy(), "llga_fallback");
   }
-  // Tensors densified for PyTorch's ops; other inputs as they were.
+  // Tensors densified for PyTorch's ops, in eager's layout (in_profiled_layout); other inputs as they were.
   for (size_t i = 0; i < num_inputs_; ++i) {
     auto& slot = stack[stack.size() - num_inputs_ + i];
-    if (slot.isTensor()) slot = llga_to_dense(slot.toTensor());
+    if (!slot.isTensor()) continue;
+    at::Tensor t = llga_to_dense(slot.toTensor());
+    auto profiled = subgraph_->inputs()[i]->type()->cast<TensorType>();
+    slot = profiled ? in_profiled_layout(t, *profiled) : t;
   }
   torch::jit::InterpreterState(*fallback_code_).run(stack);
 }

@@ -1,8 +1,8 @@
 // An output read only by other fusion groups may stay in the layout oneDNN picks (often blocked):
 // the next group reads it as is and no reorder to strided happens at the boundary. An output that
 // PyTorch reads (another op, a graph output) is a normal strided tensor: in eager's strides, except
-// a 4-D output of a group with a convolution that only groups and elementwise ops read, whose
-// results only groups read. That one is handed over in channels-last strides, the layout oneDNN's
+// a 4-D output of a group with a convolution that only groups and elementwise ops read (their
+// other operands scalars or per channel), whose results only groups read. That one is handed over in channels-last strides, the layout oneDNN's
 // convolutions compute in on AVX-512 (acdb): MobileNetV3's squeeze-and-excitation scale x * s,
 // left to PyTorch (onednn_quirks.h, broadcast_up_post_op), reads x and feeds the next convolution
 // with no reorder to NCHW and back. Elementwise ops give the same values for any strides; their
@@ -34,6 +34,23 @@ bool elementwise(const Node* n) {
   return ops.count(n->kind()) && n->outputs().size() == 1;
 }
 
+// The op's result is 4-D and its other tensor operands are one value or one per channel
+// ([.., C, 1, 1]): its loop follows the channels-last operand, not a mix of layouts.
+bool per_channel_operands(const Node* op, const Value* out) {
+  auto result = op->output()->type()->cast<torch::jit::TensorType>();
+  if (!result || result->dim() != 4) return false;
+  for (const Value* v : op->inputs()) {
+    if (v == out || !v->type()->cast<torch::jit::TensorType>()) continue;
+    auto sizes = v->type()->expect<torch::jit::TensorType>()->sizes().concrete_sizes();
+    if (!sizes) return false;
+    int64_t numel = 1;
+    for (int64_t d : *sizes) numel *= d;
+    bool per_channel = sizes->size() == 4 && (*sizes)[2] == 1 && (*sizes)[3] == 1;
+    if (numel != 1 && !per_channel) return false;
+  }
+  return true;
+}
+
 // A group of image ops (a 2-D convolution in it): its 4-D outputs are computed channels-last.
 bool convolves(const Node* group) {
   for (const Node* n : group->g(c10::attr::Subgraph)->nodes())
@@ -46,7 +63,8 @@ int64_t layout_of(const Node* group, const Value* out) {
   auto t = out->type()->cast<torch::jit::TensorType>();
   if (!t || t->dim() != 4 || out->uses().empty() || !convolves(group)) return kStridedOutput;
   for (const auto& use : out->uses())
-    if (use.user->kind() != kFusionGroup && !(elementwise(use.user) && read_by_groups_only(use.user->output())))
+    if (use.user->kind() != kFusionGroup && !(elementwise(use.user) && per_channel_operands(use.user, out) &&
+                                               read_by_groups_only(use.user->output())))
       return kStridedOutput;
   return kChannelsLastOutput;
 }

@@ -240,29 +240,24 @@ bool per_channel_post_op_at_unit_spatial(const Node* binary, const std::unordere
   return false;
 }
 
-// 3.12.0, slow (not wrong): a binary op whose operand computed in the partition is smaller than
-// its output, broadcast up to the other operand from outside the partition (squeeze-and-excitation:
-// x * hardsigmoid(conv(pool(x))), the conv's [1, C, 1, 1] times x's [1, C, H, W]), can be no
-// post-op: oneDNN runs it as a binary primitive of its own (jit:uni; channels-last, per-channel
+// 3.12.0, slow (not wrong): a binary op whose operand computed in the partition is per channel,
+// [N, C, 1, 1], broadcast up to the other operand from outside the partition, [N, C, H, W]
+// (squeeze-and-excitation: x * hardsigmoid(conv(pool(x)))), can be no post-op: oneDNN runs it as a binary primitive of its own (jit:uni; channels-last, per-channel
 // broadcast), 30-130 us a MobileNetV3 block where PyTorch's mul takes 5-9 us (Zen 4, 2 threads).
 // Such an op stays in PyTorch, x handed to it in channels-last strides (layout_propagation.cpp).
 // A speed rule: the fuser's only, not asked at new sizes.
 // test_patterns.py::test_squeeze_excitation_scale_runs_in_pytorch_on_channels_last.
 bool broadcast_up_post_op(const Node* binary, const std::unordered_set<const Node*>& partition) {
   if (!active("broadcast_up_post_op")) return false;
+  // As measured: a per-channel [N, C, 1, 1] value of the partition times an outside [N, C, H, W].
   auto out = sizes(binary->output());
-  if (out.empty()) return false;
-  auto numel = [](const std::vector<int64_t>& s) {
-    int64_t n = 1;
-    for (int64_t d : s) n *= d;
-    return n;
-  };
+  if (out.size() != 4 || out[2] * out[3] <= 1) return false;
   for (size_t i = 0; i < 2; ++i) {
     const Value* mine = binary->input(i);
     const Value* other = binary->input(1 - i);
     if (!partition.count(mine->node()) || partition.count(other->node()) || other->node()->kind() == c10::prim::Constant) continue;
     auto m = sizes(mine);
-    if (!m.empty() && numel(m) < numel(out)) return true;
+    if (m.size() == 4 && m[0] == out[0] && m[1] == out[1] && m[2] == 1 && m[3] == 1) return true;
   }
   return false;
 }

@@ -34,13 +34,14 @@ bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const N
 bool layer_norm_sum_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
 // A binary op's post-op with a per-channel operand at [N > 1, C, 1, ..]: wrong.
 bool per_channel_post_op_at_unit_spatial(const Node* binary, const std::unordered_set<const Node*>& partition);
-// Slow, not wrong: a binary op broadcasting the partition's own value up to a larger outside operand.
-bool broadcast_up_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
 // Any of the three above: asked by the fuser of each partition, and by the kernel at new sizes.
 inline bool wrong_in_partition(const Node* binary, const std::unordered_set<const Node*>& partition) {
   return pooling_binary_post_op(binary, partition) || layer_norm_sum_post_op(binary, partition) ||
          per_channel_post_op_at_unit_spatial(binary, partition);
 }
+// Slow, not wrong (the fuser's only): a partition's [N, C, 1, 1] value broadcast up to an outside
+// [N, C, H, W] by a binary op, squeeze-and-excitation's scale.
+bool broadcast_up_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
 
 // prepare_quantization.cpp: an int8 conv/linear whose residual add reads the conv's own input.
 bool int8_sum_of_own_input(const torch::jit::Value* residual, const Node* conv);

@@ -48,6 +48,10 @@ inline const c10::Symbol kAttentionBias = c10::Symbol::fromQualString("llga::att
 // On a guard: its inputs must be plain strided tensors, no LLGA ones (a small-graph plan reads them).
 inline const c10::Symbol kPlainInputs = c10::Symbol::attr("plain_inputs");
 inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFinite");
+// For a fallback's PyTorch ops (a failed guard's, a kernel's own): t as eager would have it. A 4-D
+// tensor a group handed over in channels-last strides (kChannelsLastOutput) where the profile saw
+// NCHW is made NCHW again: PyTorch's ops pass the layout on, and a later view() expects eager's.
+at::Tensor in_profiled_layout(const at::Tensor& t, const c10::TensorType& profiled);
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, addmm, MHA fast path, SDPA -> mapped ops; bf16 LN weights -> fp32
