@@ -405,6 +405,23 @@ def test_sdpa_oneDNN_cannot_take_whole_stays_in_pytorch(all_partitions):
     assert "contiguous" not in fused.unfused
 
 
+class SdpaOfAWrittenQuery(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mask = torch.tensor([[[[False, True], [True, True]]]])
+
+    def forward(self, x):
+        q = torch.relu(x).add_(1)  # written in place: the fuser maps no op reading q
+        return x * F.scaled_dot_product_attention(q, q, q, attn_mask=self.mask)
+
+
+def test_sdpa_of_a_tensor_written_in_place_stays_in_pytorch():
+    # Spelled out, its matmuls stayed in PyTorch (q is written in place) and the softmax alone became
+    # a group whose guard sent every call, its masked -inf scores, to the fallback (fuzzing).
+    fused = check(SdpaOfAWrittenQuery(), torch.randn(1, 1, 2, 2), groups=[])
+    assert "scaled_dot_product_attention" in fused.unfused
+
+
 @pytest.mark.parametrize("scale", [None, 0.3])
 def test_sdpa_at_another_dtype_runs_its_fallback_right(scale):
     # Traced in fp32, called in bf16: the guard sends the call to the spelled-out fallback, whose

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/jit_log.h>
@@ -186,14 +187,20 @@ torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
 // Inference only (dropout 0), not causal, no grouped-query heads, rank-4 q/k/v of one float dtype
 // with profiled sizes; a float mask is added, a boolean one as its attention_bias (True: attend). The scale is a
 // [1, 1, 1, 1] tensor (oneDNN 3.12 compiles no SDPA with a 1-D one): sdpa_scale(q, scale).
-void decompose_sdpa(torch::jit::Block* block) {
+// Not where q, k, v or the mask is written in place anywhere: the fuser maps no op whose tensors
+// are (graph_fuser.cpp), so the spelled-out ops would stay in PyTorch, the softmax alone a group
+// whose guard then sends every masked call (-inf scores) to its fallback (fuzzing).
+void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
   static const char* kSchema =
       "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
       "float dropout_p=0., bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor";
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     Node* n = *it++;
-    for (auto* b : n->blocks()) decompose_sdpa(b);
+    for (auto* b : n->blocks()) decompose_sdpa(b, db);
     if (!n->matches(kSchema)) continue;
+    if (std::any_of(n->inputs().begin(), n->inputs().begin() + 4,
+                    [&](const Value* v) { return v->type()->cast<torch::jit::TensorType>() && db.hasWriters(v); }))
+      continue;
     auto q = n->input(0)->type()->cast<torch::jit::TensorType>(), k = n->input(1)->type()->cast<torch::jit::TensorType>(),
          v = n->input(2)->type()->cast<torch::jit::TensorType>();
     auto dropout = torch::jit::constant_as<double>(n->input(4));
@@ -313,7 +320,10 @@ void widen_bf16_layer_norm_params(torch::jit::Block* block) {
 
 void DecomposeOps(std::shared_ptr<Graph>& g) {
   decompose_self_attention(g->block());
-  decompose_sdpa(g->block());
+  {
+    torch::jit::AliasDb db(g);
+    decompose_sdpa(g->block(), db);
+  }
 
   SubgraphRewriter silu;
   silu.RegisterRewritePattern(kSilu, kSiluDecomposed);

@@ -276,7 +276,8 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
     auto t = subgraph_->outputs()[j]->type()->expect<TensorType>();
     port.dtype = *t->scalarType();
     port.sizes = *t->sizes().concrete_sizes();
-    // Outputs PyTorch reads get the profiled strides (eager's memory format) when dense, else contiguous.
+    // Outputs PyTorch reads get the profiled strides (eager's memory format) when dense, else contiguous;
+    // channels-last ones where only groups and elementwise ops read them (kChannelsLastOutput).
     auto strides = *t->strides().concrete_sizes();
     if (!at::empty_strided(port.sizes, strides, at::TensorOptions().device(at::kMeta)).is_non_overlapping_and_dense()) {
       auto contiguous = c10::contiguous_strides(port.sizes);
