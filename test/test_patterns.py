@@ -749,3 +749,17 @@ def test_per_channel_post_op_at_unit_spatial_every_rank(all_partitions, shape):
     check(lambda x, y: (x * y) + c, torch.randn(shape), torch.randn(shape), groups=[["mul"]])
     check(lambda x: (x + 1).log() * c, torch.randn(shape).abs(), groups=[["add", "log"]])
     check(lambda x: (x * c) + 1, torch.randn(shape), groups=[["mul", "add"]])  # per-channel main op: right
+
+
+@pytest.mark.parametrize("op", ["mul", "add"])
+def test_channels_last_post_op_operand_of_a_matmul(op):
+    # oneDNN 3.12 misread a channels-last post-op operand broadcast over a matmul's batch ([1, 2, 1, 8]
+    # against [2, 2, 1, 8]: off by up to 19; fuzzing): such operands go to oneDNN contiguous
+    # (quirks::copy_matmul_post_op_operands). Traced contiguous, called channels-last.
+    fn = (lambda a, b, c: torch.matmul(a, b) * c) if op == "mul" else (lambda a, b, c: torch.matmul(a, b) + c)
+    a, b, c = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 4, 8), torch.randn(1, 2, 3, 8)
+    fused = check(fn, a, b, c, groups=[["matmul", op]])
+    for _ in range(2):
+        c2 = torch.randn(1, 2, 3, 8).contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            torch.testing.assert_close(fused(a, b, c2), fn(a, b, c2), **FP32)

@@ -240,12 +240,21 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
   auto nodes = subgraph_->nodes();
   bool binary_free = std::none_of(nodes.begin(), nodes.end(), [](const Node* n) { return is_binary_op(n); });
   bool binary_chain = binary_chain_of_binaries(*subgraph_);
+  // quirks::copy_matmul_post_op_operands: a matmul's post-op operand goes to oneDNN contiguous.
+  bool matmul_post_ops = quirks::copy_matmul_post_op_operands() && !binary_free &&
+                         std::any_of(nodes.begin(), nodes.end(), [](const Node* n) {
+                           const OpEntry* e = find_entry(n);
+                           return e && e->kind == dnnl::graph::op::kind::MatMul;
+                         });
   inputs_.resize(num_inputs_);
   for (size_t i = 0; i < num_inputs_; ++i) {
+    const Value* v = subgraph_->inputs()[i];
     inputs_[i].guarded = i < guarded.size() && guarded[i];
-    inputs_[i].any_dense = binary_free && read_by_conv_or_matmul_only(subgraph_->inputs()[i]);
-    inputs_[i].read_by_matmul = read_by_matmul(subgraph_->inputs()[i]);
-    inputs_[i].plain_only = binary_chain;
+    inputs_[i].any_dense = binary_free && read_by_conv_or_matmul_only(v);
+    inputs_[i].read_by_matmul = read_by_matmul(v);
+    inputs_[i].plain_only = binary_chain || (matmul_post_ops && std::any_of(v->uses().begin(), v->uses().end(), [](const auto& u) {
+                                               return is_binary_op(u.user);
+                                             }));
   }
 
   auto in_lts = profiled_.partition.get_input_ports();

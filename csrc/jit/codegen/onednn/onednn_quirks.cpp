@@ -272,6 +272,15 @@ bool int8_sum_of_own_input(const Value* residual, const Node* conv) {
          residual->node()->input(0) == conv->input(0)->node()->input(0);
 }
 
+// 3.12.0: a matmul's binary post-op whose operand is channels-last and broadcast ([1, 2, 1, 8]
+// times the matmul's [2, 2, 1, 8]; mul or add) reads it wrongly: off by up to 19 (fuzzing, on Zen
+// 4). A full-sized one is right, and so are a convolution's. In a group with a matmul, inputs a
+// binary op reads go to oneDNN contiguous (kernel.cpp). test_patterns.py::test_channels_last_post_op_operand_of_a_matmul.
+bool copy_matmul_post_op_operands() {
+  static const bool on = active("copy_matmul_post_op_operands");
+  return on;
+}
+
 // v3.2 and 3.12.0: with a binary op's inputs and output all transposed (dense, permuted strides), a broadcast
 // post-op is applied along the wrong dim ((a.t() * b.t()) * c; relu(linear(x)) * c at new sizes;
 // fuzzing). Such inputs are copied to contiguous first (inputs read only by convs and matmuls of

@@ -48,6 +48,7 @@ bool int8_sum_of_own_input(const torch::jit::Value* residual, const Node* conv);
 
 // kernel.cpp: the layouts handed to oneDNN.
 bool copy_transposed_inputs();      // a binary op's broadcast post-op along the wrong dim
+bool copy_matmul_post_op_operands();  // a matmul's post-op operand, channels-last and broadcast: misread
 bool canonical_unit_dim_strides();  // odd strides of size-1 dims: wrong values, a crash
 bool copy_interleaved_matmul_inputs();  // batch dims between a matmul input's matrix dims: wrong values
 
