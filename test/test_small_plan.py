@@ -153,6 +153,18 @@ CASES = {
     "bmm_long_k": (lambda m, x, y: torch.bmm(x, y), (torch.randn(2, 3, 70), torch.randn(2, 70, 4)), ["bmm"]),
     "cat": (lambda m, x, y: torch.cat([x, y.relu(), x], -1), (torch.randn(3, 2), torch.randn(3, 4)), ["relu", "cat"]),
     "cat_dim0": (lambda m, x, y: torch.cat([x, y], 0).sigmoid(), (torch.randn(2, 4), torch.randn(3, 4)), ["cat", "sigmoid"]),
+    # Results nothing else reads are computed into their slice of the cat (no copy); one read
+    # twice, or returned, is computed into a place of its own and copied.
+    "cat_of_results": (lambda m, x, y: torch.cat([(x + y).clamp(-0.5, 0.5), x * y, torch.sigmoid(x)], 1) * 2,
+                       (torch.randn(3, 4), torch.randn(1, 4)), ["add", "clamp", "mul", "sigmoid", "cat", "mul"]),
+    "cat_dim0_of_results": (lambda m, x, y: torch.cat([x.tanh(), y + 1], 0), (torch.randn(2, 4), torch.randn(3, 4)),
+                            ["tanh", "add", "cat"]),
+    "cat_of_a_result_read_twice": (lambda m, x: (lambda r: torch.cat([r, r * 2], 1))(x.relu()), (torch.randn(3, 4),),
+                                   ["relu", "mul", "cat"]),
+    "cat_of_a_returned_result": (lambda m, x: (lambda r: (r, torch.cat([x, r], 1)))(x.exp()), (torch.randn(3, 4),),
+                                 ["exp", "cat"]),
+    "bmm_dot_products": (lambda m, x, y: torch.bmm(x, y.transpose(1, 2)), (torch.randn(5, 1, 37), torch.randn(5, 1, 37)),
+                         ["transpose", "bmm"]),  # one dot product per batch (DeepAndWide's)
     "returns_a_view": (lambda m, x: (x + 1).t(), (torch.randn(3, 4),), ["add", "t"]),
     "returns_a_tuple": (lambda m, x: (x * 2, x.t() + 1, x * 2), (torch.randn(3, 4),), ["mul", "t", "add", "mul"]),
     # Rows behind size-1 dims, whose strides are arbitrary (review finding: rows were read at the
@@ -195,7 +207,7 @@ def test_bf16_deep_and_wide_is_one_plan(name):
 
 
 @pytest.mark.parametrize("case", ["scalar_operands", "add_sub_alpha", "broadcast_both", "unary", "more_unary", "log_sqrt",
-                                  "maximum_minimum", "views", "cat"])
+                                  "maximum_minimum", "views", "cat", "cat_of_results", "cat_of_a_result_read_twice"])
 def test_bf16_elementwise_rounds_every_op_as_eager(case):
     forward, inputs, ops = CASES[case]
     module, inputs = bf16(Ops(forward), inputs)

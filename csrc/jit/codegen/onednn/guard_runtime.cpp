@@ -39,13 +39,33 @@ bool profiled_nchw(const TensorType& expected) {
   return strides && sizes && strides->size() == 4 && ((*sizes)[1] == 1 || (*strides)[1] != 1);
 }
 
-bool matches(const at::Tensor& t, const TensorType& expected, bool any_sizes, bool plain) {
-  if (!t.defined() || t.scalar_type() != expected.scalarType() || t.device() != expected.device()) return false;
+// What a guard checks of one input, read from its profiled type once (not per call: the type's
+// sizes are optionals, copied out on each read).
+struct Expected {
+  std::optional<c10::ScalarType> dtype;
+  std::optional<c10::Device> device;
+  int64_t dim = -1;
+  std::optional<std::vector<int64_t>> sizes;  // none: unknown, no tensor matches
+  torch::jit::TensorTypePtr type;  // for in_profiled_layout on a mismatch
+};
+
+Expected expected_of(const torch::jit::TensorTypePtr& type) {
+  Expected e;
+  e.dtype = type->scalarType();
+  e.device = type->device();
+  e.dim = type->dim() ? static_cast<int64_t>(*type->dim()) : -1;
+  e.sizes = type->sizes().concrete_sizes();
+  e.type = type;
+  return e;
+}
+
+bool matches(const at::Tensor& t, const Expected& expected, bool any_sizes, bool plain) {
+  if (!t.defined() || t.scalar_type() != expected.dtype || t.device() != expected.device) return false;
   if (plain && (is_llga_tensor(t) || !t.has_storage())) return false;  // a plan reads the memory itself
   if (!is_llga_tensor(t) && !plain_memory(t)) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
-  if (any_sizes) return t.dim() == static_cast<int64_t>(*expected.dim()) && t.numel() > 0;
-  return t.sizes() == *expected.sizes().concrete_sizes();
+  if (any_sizes) return t.dim() == expected.dim && t.numel() > 0;
+  return expected.sizes && t.sizes() == c10::IntArrayRef(*expected.sizes);
 }
 
 // Any Inf or NaN (exponent all ones) among n values of this bit width? Adding one to the exponent
@@ -102,8 +122,8 @@ bool all_finite(const at::Tensor& t) {
 }
 
 torch::jit::Operation make_guard(const torch::jit::Node* node) {
-  std::vector<torch::jit::TensorTypePtr> expected;
-  for (const auto& type : node->tys(c10::attr::types)) expected.push_back(type->expect<TensorType>());
+  std::vector<Expected> expected;
+  for (const auto& type : node->tys(c10::attr::types)) expected.push_back(expected_of(type->expect<TensorType>()));
   bool shape_free = node->hasAttribute(kShapeFree) && node->i(kShapeFree);
   bool finite_inputs = !node->hasAttribute(kFiniteInputs) || node->i(kFiniteInputs);
   bool plain = node->hasAttribute(kPlainInputs) && node->i(kPlainInputs);
@@ -115,7 +135,7 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
     auto inputs = torch::jit::last(stack, n + extra);
     bool any_sizes = shape_free && runtime::shape_policy() == runtime::ShapePolicy::kCompile;
     bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), *expected[i], any_sizes, plain);
+    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), expected[i], any_sizes, plain);
     if (ok && finite_inputs) {
       for (size_t i = 0; i < n && ok; ++i)
         ok = given[i] == kNotScanned || (given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool());
@@ -127,7 +147,7 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
       // The fallback runs PyTorch ops: no LLGA tensor may reach them, nor a channels-last one
       // where eager's is NCHW (in_profiled_layout).
       for (size_t i = 0; i < n; ++i)
-        stack[stack.size() - n + i] = in_profiled_layout(llga_to_dense(stack[stack.size() - n + i].toTensor()), *expected[i]);
+        stack[stack.size() - n + i] = in_profiled_layout(llga_to_dense(stack[stack.size() - n + i].toTensor()), *expected[i].type);
     }
     stack.emplace_back(ok);
   };

@@ -333,6 +333,14 @@ typedef float Vec8 __attribute__((vector_size(32)));
 // Output columns [j0, j1) of the matmul.
 [[gnu::target_clones("avx512f", "avx2", "default")]] void matmul_columns(const Step& s, float* o, const float* a, const float* b,
                                                                          const float* bias, int64_t j0, int64_t j1) {
+  if (s.m == 1 && s.n == 1 && s.as[2] == 1 && s.bs[1] == 1) {  // a dot product per batch (DeepAndWide's bmm)
+    for (int64_t p = 0; p < s.batch; ++p) {
+      float acc = dot_dense(a + p * s.as[0], b + p * s.bs[0], s.k);
+      if (s.has_bias) acc += bias[0];
+      o[p * s.os[0]] = s.round_bf16 ? round_bf16(acc) : acc;
+    }
+    return;
+  }
   for (int64_t p = 0; p < s.batch; ++p) {
     const float* ap = a + p * s.as[0];
     const float* bp = b + p * s.bs[0];
@@ -509,6 +517,12 @@ class Compiler {
       p_.outputs.push_back(l.ref.index);
     }
     p_.scratch_floats = scratch_;
+    if (!dropped_steps_.empty()) {
+      std::vector<Step> kept;
+      for (size_t i = 0; i < p_.steps.size(); ++i)
+        if (!dropped_steps_.count(i)) kept.push_back(p_.steps[i]);
+      p_.steps = std::move(kept);
+    }
     if (p_.bf16) {  // the staging area: inputs, then outputs
       for (size_t i = 0; i < p_.inputs; ++i) {
         p_.input_numel.push_back(layouts_.at(g_.inputs()[i]).numel());
@@ -682,6 +696,9 @@ class Compiler {
     const Layout* x = operand(n->input(0));
     if (!x) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
     if (!within_limits(n, x->sizes)) return false;
+    remakes_[n->output()] = {p_.steps.size(), [this, fn, in = *x, alpha, lo, hi](const Layout& out) {
+                               elementwise_step(fn, out, {&in}, alpha, lo, hi);
+                             }};
     elementwise_step(fn, produce(n->output(), x->sizes), {x}, alpha, lo, hi);
     return true;
   }
@@ -693,6 +710,9 @@ class Compiler {
     auto sizes = broadcast(x->sizes, y->sizes);
     if (!sizes) return fail("operands that do not broadcast");
     if (!within_limits(n, *sizes)) return false;
+    remakes_[n->output()] = {p_.steps.size(), [this, fn, a = *x, b = *y, alpha](const Layout& out) {
+                               elementwise_step(fn, out, {&a, &b}, alpha);
+                             }};
     elementwise_step(fn, produce(n->output(), *sizes), {x, y}, alpha);
     return true;
   }
@@ -958,11 +978,26 @@ class Compiler {
     if (!within_limits(n, sizes)) return false;
     Layout out = produce(n->output(), sizes);
     int64_t at = 0;
-    for (const Layout& part : parts) {  // each part is copied into its slice of the output
+    for (size_t i = 0; i < parts.size(); ++i) {  // each part is computed or copied into its slice of the output
+      const Layout& part = parts[i];
       Layout slice{{out.ref.space, out.ref.index, out.ref.offset + at * out.strides[d]}, part.sizes, out.strides};
-      elementwise_step(Fn::kCopy, slice, {&part});
+      if (!into_cat_slice(list, list->inputs()[i], slice)) elementwise_step(Fn::kCopy, slice, {&part});
       at += part.sizes[d];
     }
+    return true;
+  }
+
+  // Moves the elementwise step that computed v to the end, writing v's slice of a cat's output
+  // instead of a place of its own (DeepAndWide's clamp, then a copy of its 3,200 floats), where
+  // nothing but this cat's list reads v. The step's operands were all computed before it.
+  bool into_cat_slice(const Node* list, const Value* v, const Layout& slice) {
+    auto remake = remakes_.find(v);
+    if (remake == remakes_.end() || wanted_.count(v) || v->uses().size() != 1 || list->output()->uses().size() != 1 ||
+        layouts_.at(v).ref.space != kScratch)
+      return false;
+    dropped_steps_.insert(remake->second.first);
+    remake->second.second(slice);
+    layouts_[v] = slice;
     return true;
   }
 
@@ -1045,6 +1080,10 @@ class Compiler {
   std::unordered_map<const Value*, Layout> layouts_;
   std::unordered_set<const Value*> wanted_;  // the subgraph's outputs
   std::vector<const Value*> owner_;          // per output buffer, the value computed into it
+  // Per value an elementwise step computed: that step's index, and how to emit it again writing
+  // another layout (cat places such values straight into their slice: into_cat_slice).
+  std::unordered_map<const Value*, std::pair<size_t, std::function<void(const Layout&)>>> remakes_;
+  std::unordered_set<size_t> dropped_steps_;  // steps emitted again elsewhere
   at::ScalarType dtype_ = at::kFloat;
   int64_t scratch_ = 0, macs_ = 0, rows_ = 0;
   std::string why_;
