@@ -165,6 +165,16 @@ CASES = {
                                  ["exp", "cat"]),
     "bmm_dot_products": (lambda m, x, y: torch.bmm(x, y.transpose(1, 2)), (torch.randn(5, 1, 37), torch.randn(5, 1, 37)),
                          ["transpose", "bmm"]),  # one dot product per batch (DeepAndWide's)
+    # ... and where a row or a column is strided, none (the general loops).
+    "bmm_dot_products_of_strided_rows": (lambda m, x, y: torch.bmm(x.t().unsqueeze(1), y.unsqueeze(2)),
+                                         (torch.randn(37, 5), torch.randn(5, 37)), ["t", "unsqueeze", "unsqueeze", "bmm"]),
+    "bmm_dot_products_of_strided_columns": (lambda m, x, y: torch.bmm(x.unsqueeze(1), y.t().unsqueeze(2)),
+                                            (torch.randn(5, 37), torch.randn(37, 5)), ["unsqueeze", "t", "unsqueeze", "bmm"]),
+    "dot_product_with_bias": (lambda m, x: F.linear(x, m.w[:1], m.b[:1]), (torch.randn(1, 5),), ["linear"]),
+    "cat_of_a_result_listed_twice": (lambda m, x: (lambda r: torch.cat([r, r], 1))(x.relu()), (torch.randn(3, 4),),
+                                     ["relu", "cat"]),
+    "nested_cats": (lambda m, x, y: torch.cat([torch.cat([x.relu(), y], 1), torch.cat([x.exp(), y * 2], 1)], 0),
+                    (torch.randn(3, 4), torch.randn(3, 4)), ["relu", "cat", "exp", "mul", "cat", "cat"]),
     "returns_a_view": (lambda m, x: (x + 1).t(), (torch.randn(3, 4),), ["add", "t"]),
     "returns_a_tuple": (lambda m, x: (x * 2, x.t() + 1, x * 2), (torch.randn(3, 4),), ["mul", "t", "add", "mul"]),
     # Rows behind size-1 dims, whose strides are arbitrary (review finding: rows were read at the
@@ -207,11 +217,21 @@ def test_bf16_deep_and_wide_is_one_plan(name):
 
 
 @pytest.mark.parametrize("case", ["scalar_operands", "add_sub_alpha", "broadcast_both", "unary", "more_unary", "log_sqrt",
-                                  "maximum_minimum", "views", "cat", "cat_of_results", "cat_of_a_result_read_twice"])
+                                  "maximum_minimum", "views", "cat", "cat_of_results", "cat_of_a_result_read_twice",
+                                  "nested_cats"])
 def test_bf16_elementwise_rounds_every_op_as_eager(case):
     forward, inputs, ops = CASES[case]
     module, inputs = bf16(Ops(forward), inputs)
     fused = planned(module, *inputs, ops=ops, **BF16_ULP)
+    assert fused.output.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("case", ["bmm_dot_products", "dot_product_with_bias", "bmm_dot_products_of_strided_rows"])
+def test_bf16_dot_products(case):
+    """The dot product per batch adds its bias in fp32 and rounds once, as the general loops do."""
+    forward, inputs, ops = CASES[case]
+    module, inputs = bf16(Ops(forward), inputs)
+    fused = planned(module, *inputs, ops=ops, **BF16)
     assert fused.output.dtype == torch.bfloat16
 
 

@@ -333,7 +333,7 @@ typedef float Vec8 __attribute__((vector_size(32)));
 // Output columns [j0, j1) of the matmul.
 [[gnu::target_clones("avx512f", "avx2", "default")]] void matmul_columns(const Step& s, float* o, const float* a, const float* b,
                                                                          const float* bias, int64_t j0, int64_t j1) {
-  if (s.m == 1 && s.n == 1 && s.as[2] == 1 && s.bs[1] == 1) {  // a dot product per batch (DeepAndWide's bmm)
+  if (s.m == 1 && s.n == 1 && j0 == 0 && j1 == 1 && s.as[2] == 1 && s.bs[1] == 1) {  // a dot product per batch (DeepAndWide's bmm)
     for (int64_t p = 0; p < s.batch; ++p) {
       float acc = dot_dense(a + p * s.as[0], b + p * s.bs[0], s.k);
       if (s.has_bias) acc += bias[0];
