@@ -213,15 +213,10 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
         !scale_arg || !(scale_arg->isNone() || scale_arg->isDouble()))
       continue;
     auto qs = *q->sizes().concrete_sizes(), ks = *k->sizes().concrete_sizes(), vs = *v->sizes().concrete_sizes();
-    // fp32: strided q, k, v (views of one QKV projection: BERT's, ViT's) would be copied for oneDNN
-    // and its kernel then loses to PyTorch's (BERT-base: 9.3 against 8.8 ms per call for the 12
-    // attentions); dense ones run as fast or faster (0.44-0.51 against 0.47-0.54 ms, 12 x 128 x 64).
     auto dense = [](const torch::jit::TensorType& t) {  // a meta tensor: sizes and strides only
       return at::empty_strided(*t.sizes().concrete_sizes(), *t.strides().concrete_sizes(), at::TensorOptions().device(at::kMeta))
           .is_non_overlapping_and_dense();
     };
-    bool bf16 = q->scalarType() == c10::ScalarType::BFloat16;
-    if (!bf16 && (!dense(*q) || !dense(*k) || !dense(*v))) continue;
     if (qs[0] != ks[0] || qs[1] != ks[1] || ks[0] != vs[0] || ks[1] != vs[1] || qs[3] != ks[3] || ks[2] != vs[2]) continue;
     Value* mask = n->input(3);
     bool has_mask = mask->type()->kind() != c10::TypeKind::NoneType;
@@ -238,8 +233,12 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     torch::jit::WithInsertPoint point(n);
     Node* before = n->prev();  // what is inserted from here on lies between it and n
     std::vector<Value*> original(n->inputs().begin(), n->inputs().end());
-    // In bf16 oneDNN's kernel wins even after copying strided views (ViT's 12 x 197 x 64: 0.58 against
-    // PyTorch's 1.26 ms): such inputs are made contiguous first, in PyTorch.
+    // Strided views (of one QKV projection: ViT's) are made contiguous first, in PyTorch: oneDNN's
+    // kernel wins even so. bf16, ViT's 12 x 197 x 64: 0.58 against PyTorch's 1.26 ms (Zen 4). fp32,
+    // all of ViT-B/16: 1.06x and 1.07x in two in-process A/B runs, 12 rounds each, either build
+    // prepared first (AMD EPYC Zen 5, 2 threads; one such attention layer alone: 1.00-1.02x at 64 to
+    // 384 tokens). (On Zen 4 an fp32 BERT-base with such views had lost, 9.3 against 8.8 ms for its
+    // 12 attentions; its q, k and v are dense now, from three projections.)
     for (size_t i = 0; i < 3; ++i) {
       auto t = n->input(i)->type()->expect<torch::jit::TensorType>();
       if (dense(*t)) continue;
