@@ -696,10 +696,9 @@ class Compiler {
     const Layout* x = operand(n->input(0));
     if (!x) return fail("an operand of " + std::string(n->kind().toQualString()) + " is no float tensor");
     if (!within_limits(n, x->sizes)) return false;
-    remakes_[n->output()] = {p_.steps.size(), [this, fn, in = *x, alpha, lo, hi](const Layout& out) {
-                               elementwise_step(fn, out, {&in}, alpha, lo, hi);
-                             }};
-    elementwise_step(fn, produce(n->output(), x->sizes), {x}, alpha, lo, hi);
+    auto emit = [this, fn, in = *x, alpha, lo, hi](const Layout& out) { elementwise_step(fn, out, {&in}, alpha, lo, hi); };
+    remakes_[n->output()] = {p_.steps.size(), emit};
+    emit(produce(n->output(), x->sizes));
     return true;
   }
 
@@ -710,10 +709,9 @@ class Compiler {
     auto sizes = broadcast(x->sizes, y->sizes);
     if (!sizes) return fail("operands that do not broadcast");
     if (!within_limits(n, *sizes)) return false;
-    remakes_[n->output()] = {p_.steps.size(), [this, fn, a = *x, b = *y, alpha](const Layout& out) {
-                               elementwise_step(fn, out, {&a, &b}, alpha);
-                             }};
-    elementwise_step(fn, produce(n->output(), *sizes), {x, y}, alpha);
+    auto emit = [this, fn, a = *x, b = *y, alpha](const Layout& out) { elementwise_step(fn, out, {&a, &b}, alpha); };
+    remakes_[n->output()] = {p_.steps.size(), emit};
+    emit(produce(n->output(), *sizes));
     return true;
   }
 
@@ -989,12 +987,11 @@ class Compiler {
 
   // Moves the elementwise step that computed v to the end, writing v's slice of a cat's output
   // instead of a place of its own (DeepAndWide's clamp, then a copy of its 3,200 floats), where
-  // nothing but this cat's list reads v. The step's operands were all computed before it.
+  // nothing but this cat's list reads v (not a view, not the graph's return either: each is a use).
+  // The step's operands were all computed before it.
   bool into_cat_slice(const Node* list, const Value* v, const Layout& slice) {
     auto remake = remakes_.find(v);
-    if (remake == remakes_.end() || wanted_.count(v) || v->uses().size() != 1 || list->output()->uses().size() != 1 ||
-        layouts_.at(v).ref.space != kScratch)
-      return false;
+    if (remake == remakes_.end() || v->uses().size() != 1 || list->output()->uses().size() != 1) return false;
     dropped_steps_.insert(remake->second.first);
     remake->second.second(slice);
     layouts_[v] = slice;
