@@ -50,9 +50,9 @@ else:
     compile_args, link_args = ["-O2", "-g0"], ["-s", *openmp_link]
     build_dirs = {}
 
-# Tools run from a checkout (python -m torch_llga.bench, .check_models, .demo); the wheel ships
+# Tools run from a checkout (python -m torch_llga.bench, .check_models, .demo, .layer_times); the wheel ships
 # the library and its CLI only.
-TOOLS = {"bench", "bench_models", "check_models", "demo"}
+TOOLS = {"bench", "bench_models", "check_models", "demo", "layer_times"}
 
 
 class BuildPyWithoutTools(build_py):

@@ -68,3 +68,24 @@ def test_bench_ratios_are_paired_by_round():
     assert ratio_cell((median, q1, q3)) == "2.00x"
     # A difference the rounds disagree on is marked as noise.
     assert ratio_cell(paired_ratio([1.0, 1.0, 1.0, 1.0], [0.9, 1.1, 0.95, 1.05])) == "1.00x~"
+
+
+def test_layer_times_averages_each_position_of_the_repeated_call():
+    from torch_llga.layer_times import executions, per_call
+
+    def prim(kind, shape, ms):
+        return f"onednn_verbose,v1,primitive,exec,cpu,{kind},impl:avx512,forward,src:f32,,,{shape},{ms}"
+
+    # A warm-up execution that does not repeat, then three calls of (reorder, conv, conv).
+    lines = [prim("reorder", "1x3x8x8", 9.0)]
+    for call in range(3):
+        lines += [prim("reorder", "1x3x8x8", 0.1), prim("convolution", "mb1_ic3oc8", 1.0 + call),
+                  "some other output", prim("convolution", "mb1_ic8oc8", 2.0)]
+    rows = executions("\n".join(lines), "primitive")
+    assert len(rows) == 10 and rows[1] == ("reorder", "impl:avx512", "1x3x8x8", 0.1)
+    layers = per_call(rows, calls=2)  # the last two calls: the first conv's 2.0 and 3.0 ms
+    assert [(kind, shape) for kind, _, shape, _ in layers] == [("reorder", "1x3x8x8"), ("convolution", "mb1_ic3oc8"),
+                                                                ("convolution", "mb1_ic8oc8")]
+    assert [ms for *_, ms in layers] == pytest.approx([0.1, 2.5, 2.0])
+    # Calls that never repeat one sequence give no per-layer times.
+    assert per_call(rows[:5], calls=2) is None

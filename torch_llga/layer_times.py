@@ -1,0 +1,170 @@
+"""Where a model's time goes, layer by layer: torch_llga's oneDNN primitives, optionally beside
+OpenVINO's nodes (benchmark-only dependency), for a model of the bench.
+
+    python -m torch_llga.layer_times --model mobilenet_v2 [--calls 300] [--threads 2] [--openvino]
+
+torch_llga's side runs in a child process with ONEDNN_VERBOSE=profile_exec: oneDNN prints every
+partition and primitive execution with its time. The model's steady-state call repeats the same
+sequence, found as the period of the printed lines; each position is averaged over the last calls.
+Printing slows the calls, so the wall time here is above the bench's; the primitive times are not
+(oneDNN times the primitive alone). "outside oneDNN" is the wall time minus the partitions' times:
+the interpreter, the ops left to PyTorch, our guards and dispatch, and the printing.
+OpenVINO's side is its own per-node profile (PERF_COUNT), in this process.
+"""
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+VERBOSE_PREFIX = "onednn_verbose,v1,"
+
+
+def cpu_name():
+    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+
+
+def model_and_inputs(name):
+    from torch_llga.bench_models import MODELS
+
+    if name not in MODELS:
+        sys.exit(f"unknown model '{name}'; the bench's models are: {', '.join(MODELS)}")
+    model, inputs = MODELS[name](1)
+    return model.eval(), inputs
+
+
+def run_child(args):
+    """The timed loop whose oneDNN verbose lines the parent reads (stdout); wall ms/call on stderr."""
+    import torch_llga
+
+    torch.set_num_threads(args.threads)
+    model, inputs = model_and_inputs(args.model)
+    torch_llga.enable()
+    with torch.no_grad():
+        m = torch.jit.freeze(torch.jit.trace(model, inputs))
+        for _ in range(20):
+            m(*inputs)
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            m(*inputs)
+        wall_ms = (time.perf_counter() - start) / args.calls * 1e3
+    print(f"wall_ms {wall_ms}", file=sys.stderr)
+
+
+def executions(stdout, kind):
+    """(name, implementation, shape, ms) of each 'primitive' or 'graph' execution, in order."""
+    rows = []
+    for line in stdout.splitlines():
+        if not line.startswith(VERBOSE_PREFIX + kind + ",exec,"):
+            continue
+        f = line.split(",")
+        if kind == "primitive":  # ...,exec,cpu,kind,impl,prop,mds,attrs,aux,shape,ms
+            rows.append((f[5], f[6], f[-2], float(f[-1])))
+        else:  # ...,exec,cpu,id,name,ops,...,ms
+            rows.append((f[6], f[7], "", float(f[-1])))
+    return rows
+
+
+def period(rows, max_period=4000):
+    """The length of the sequence the last calls repeat (3 times at least), or None."""
+    keys = [r[:3] for r in rows]
+    for p in range(1, min(max_period, len(keys) // 3) + 1):
+        if keys[-p:] == keys[-2 * p:-p] == keys[-3 * p:-2 * p]:
+            return p
+    return None
+
+
+def per_call(rows, calls):
+    """Each position of the repeated sequence, its ms averaged over the last `calls` calls."""
+    p = period(rows)
+    if p is None:
+        return None
+    n = min(calls, len(rows) // p)
+    tail = rows[-p * n:]
+    return [(*tail[i][:3], sum(tail[i + k * p][3] for k in range(n)) / n) for i in range(p)]
+
+
+def torch_llga_layers(args):
+    env = dict(os.environ, ONEDNN_VERBOSE="profile_exec")
+    cmd = [sys.executable, "-m", "torch_llga.layer_times", "--child", "--model", args.model,
+           "--calls", str(args.calls), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = [line for line in out.stderr.splitlines() if line.startswith("wall_ms ")]
+    if out.returncode != 0 or not wall:
+        sys.exit(f"the profiled run failed:\n{out.stderr[-3000:]}")
+    prims = per_call(executions(out.stdout, "primitive"), args.calls)
+    parts = per_call(executions(out.stdout, "graph"), args.calls)
+    if prims is None or parts is None:
+        sys.exit("the calls did not repeat one sequence of oneDNN executions (shapes changing?): no per-layer times")
+    return float(wall[0].split()[1]), prims, parts
+
+
+def openvino_layers(args):
+    from torch_llga.bench import bench_import
+
+    ov = bench_import("openvino")
+    model, inputs = model_and_inputs(args.model)
+    config = {"INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY",
+              "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": "YES"}
+    arrays = [x.numpy() for x in inputs]
+    compiled = ov.Core().compile_model(ov.convert_model(model, example_input=tuple(arrays)), "CPU", config)
+    request = compiled.create_infer_request()
+    for _ in range(20):
+        request.infer(arrays)
+    total = collections.defaultdict(float)
+    info = {}
+    start = time.perf_counter()
+    for _ in range(args.calls):
+        request.infer(arrays)
+        for p in request.get_profiling_info():
+            total[p.node_name] += p.real_time.total_seconds() * 1e3
+            info[p.node_name] = (p.node_type, p.exec_type)
+    wall_ms = (time.perf_counter() - start) / args.calls * 1e3
+    layers = [(info[n][0], info[n][1], n, ms / args.calls) for n, ms in total.items() if ms > 0]
+    return wall_ms, layers
+
+
+def print_layers(title, layers, top):
+    print(title)
+    print(f"{'us/call':>9}  {'op':<16} {'implementation':<44} shape / node")
+    for name, impl, shape, ms in (sorted(layers, key=lambda r: -r[3])[:top] if top else layers):
+        print(f"{ms * 1e3:9.1f}  {name:<16} {impl[:44]:<44} {shape[:60]}")
+    by_op = collections.defaultdict(lambda: [0.0, 0])
+    for name, _, _, ms in layers:
+        by_op[name][0] += ms
+        by_op[name][1] += 1
+    print("  by op: " + ", ".join(f"{n} {ms * 1e3:.0f} us ({k})" for n, (ms, k) in sorted(by_op.items(), key=lambda x: -x[1][0])))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="mobilenet_v2")
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=0, help="only the N slowest layers (0: all, in call order)")
+    parser.add_argument("--openvino", action="store_true", help="OpenVINO's per-node times too (f32)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return run_child(args)
+
+    wall, prims, parts = torch_llga_layers(args)
+    in_parts = sum(r[3] for r in parts)
+    in_prims = sum(r[3] for r in prims)
+    print(f"{cpu_name()}, {args.threads} threads, fp32, batch 1, {args.model}: mean of {args.calls} calls")
+    print(f"torch_llga under ONEDNN_VERBOSE=profile_exec (its printing adds to the wall time): wall {wall:.3f} ms/call; "
+          f"{len(parts)} partition executions {in_parts:.3f} ms, of which {len(prims)} primitives {in_prims:.3f} ms; "
+          f"outside oneDNN {wall - in_parts:.3f} ms")
+    print_layers("torch_llga's primitives:", prims, args.top)
+    if args.openvino:
+        ov_wall, ov_layers = openvino_layers(args)
+        print(f"\nOpenVINO with PERF_COUNT: wall {ov_wall:.3f} ms/call (its profiling included); "
+              f"{len(ov_layers)} nodes {sum(r[3] for r in ov_layers):.3f} ms")
+        print_layers("OpenVINO's nodes:", ov_layers, args.top)
+
+
+if __name__ == "__main__":
+    main()
