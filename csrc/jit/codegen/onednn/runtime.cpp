@@ -4,6 +4,7 @@
 #include "onednn/torch_onednn.h"
 
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -58,8 +59,14 @@ void init_constant_cache() {
 // from the kernel costs a fault per page, a whole 2 MiB huge page zeroed for the large ones.
 // Measured: a MobileNetV2 block at 56x56 spent a third of its time zeroing pages. At most
 // the pool's limit is kept: 256 MB, TORCH_LLGA_BUFFER_POOL_MB, or set_buffer_pool_limit().
+//
+// Smaller buffers, from 1 KiB, are kept too, in power-of-two sizes: glibc serves an aligned
+// request of that size by first merging its free small chunks (malloc_consolidate, on nearly every
+// partition execution here). Measured on 40 partitions of a 1x1 conv at 16x4x4, one thread:
+// allocation was a fifth of the time, malloc_consolidate alone 4.6%.
 constexpr size_t kHugePage = size_t(2) << 20;
-constexpr size_t kPooledFrom = size_t(64) << 10;
+constexpr size_t kLargeFrom = size_t(64) << 10;  // sizes from here in 64 KiB steps, below in powers of two
+constexpr size_t kPooledFrom = size_t(1) << 10;
 #ifdef __SANITIZE_ADDRESS__
 constexpr bool kPoolAllowed = false;  // AddressSanitizer sees every free (a kept buffer would hide a use after free)
 #else
@@ -159,7 +166,8 @@ class BufferPool {
   using Kept = std::list<std::pair<size_t, void*>>;  // (rounded size, buffer), the earliest kept first
 
   static size_t round(size_t size) {
-    size_t unit = size >= kHugePage ? kHugePage : kPooledFrom;
+    if (size < kLargeFrom) return std::bit_ceil(size);
+    size_t unit = size >= kHugePage ? kHugePage : kLargeFrom;
     return (size + unit - 1) / unit * unit;
   }
   static void* allocate_new(size_t size, size_t alignment) {
