@@ -76,16 +76,23 @@ def test_layer_times_averages_each_position_of_the_repeated_call():
     def prim(kind, shape, ms):
         return f"onednn_verbose,v1,primitive,exec,cpu,{kind},impl:avx512,forward,src:f32,,,{shape},{ms}"
 
-    # A warm-up execution that does not repeat, then three calls of (reorder, conv, conv).
-    lines = [prim("reorder", "1x3x8x8", 9.0)]
+    # Three timed calls of (reorder, conv, conv), other output between the lines.
+    lines = []
     for call in range(3):
         lines += [prim("reorder", "1x3x8x8", 0.1), prim("convolution", "mb1_ic3oc8", 1.0 + call),
                   "some other output", prim("convolution", "mb1_ic8oc8", 2.0)]
     rows = executions("\n".join(lines), "primitive")
-    assert len(rows) == 10 and rows[1] == ("reorder", "impl:avx512", "1x3x8x8", 0.1)
-    layers = per_call(rows, calls=2)  # the last two calls: the first conv's 2.0 and 3.0 ms
-    assert [(kind, shape) for kind, _, shape, _ in layers] == [("reorder", "1x3x8x8"), ("convolution", "mb1_ic3oc8"),
+    assert len(rows) == 9 and rows[0] == ("reorder", "impl:avx512", "1x3x8x8", 0.1)
+    layers = per_call(rows, calls=3)
+    assert [(kind, shape) for kind, _, shape, *_ in layers] == [("reorder", "1x3x8x8"), ("convolution", "mb1_ic3oc8"),
                                                                 ("convolution", "mb1_ic8oc8")]
-    assert [ms for *_, ms in layers] == pytest.approx([0.1, 2.5, 2.0])
-    # Calls that never repeat one sequence give no per-layer times.
-    assert per_call(rows[:5], calls=2) is None
+    assert [ms for *_, ms, _ in layers] == pytest.approx([0.1, 2.0, 2.0]) and [n for *_, n in layers] == [1, 1, 1]
+    # The last call printed its convs in the other order (two threads): times by kind.
+    swapped = rows[:6] + [rows[6], rows[8], rows[7]]
+    by_kind = per_call(swapped, calls=3)
+    assert [(shape, ms, n) for _, _, shape, ms, n in by_kind] == [("1x3x8x8", pytest.approx(0.1), 1),
+                                                                   ("mb1_ic3oc8", pytest.approx(2.0), 1),
+                                                                   ("mb1_ic8oc8", pytest.approx(2.0), 1)]
+    # Calls that ran different executions give no per-layer times.
+    assert per_call(rows[:8] + [("reorder", "impl:avx512", "1x3x8x8", 0.1)], calls=3) is None
+    assert per_call(rows[:8], calls=3) is None

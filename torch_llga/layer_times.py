@@ -4,8 +4,9 @@ OpenVINO's nodes (benchmark-only dependency), for a model of the bench.
     python -m torch_llga.layer_times --model mobilenet_v2 [--calls 300] [--threads 2] [--openvino]
 
 torch_llga's side runs in a child process with ONEDNN_VERBOSE=profile_exec: oneDNN prints every
-partition and primitive execution with its time. The model's steady-state call repeats the same
-sequence, found as the period of the printed lines; each position is averaged over the last calls.
+partition and primitive execution with its time, into a file whose offsets before and after the
+timed calls the child reports. Each timed call must run the same sequence; each position in it is
+averaged over the calls (by kind instead where threads print in turn, as inside oneDNN's SDPA).
 Printing slows the calls, so the wall time here is above the bench's; the primitive times are not
 (oneDNN times the primitive alone). "outside oneDNN" is the wall time minus the partitions' times:
 the interpreter, the ops left to PyTorch, our guards and dispatch, and the printing.
@@ -16,6 +17,7 @@ import collections
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -37,8 +39,15 @@ def model_and_inputs(name):
 
 
 def run_child(args):
-    """The timed loop whose oneDNN verbose lines the parent reads (stdout); wall ms/call on stderr."""
+    """The timed loop; oneDNN's verbose lines go to stdout, a file: its offsets around the timed calls
+    and the wall ms/call go to stderr."""
+    import ctypes
+
     import torch_llga
+
+    def stdout_offset():
+        ctypes.CDLL(None).fflush(None)  # oneDNN prints with C stdio
+        return os.fstat(1).st_size
 
     torch.set_num_threads(args.threads)
     model, inputs = model_and_inputs(args.model)
@@ -47,11 +56,13 @@ def run_child(args):
         m = torch.jit.freeze(torch.jit.trace(model, inputs))
         for _ in range(20):
             m(*inputs)
+        begin = stdout_offset()
         start = time.perf_counter()
         for _ in range(args.calls):
             m(*inputs)
         wall_ms = (time.perf_counter() - start) / args.calls * 1e3
-    print(f"wall_ms {wall_ms}", file=sys.stderr)
+        end = stdout_offset()
+    print(f"timed {begin} {end} {wall_ms}", file=sys.stderr)
 
 
 def executions(stdout, kind):
@@ -68,38 +79,42 @@ def executions(stdout, kind):
     return rows
 
 
-def period(rows, max_period=4000):
-    """The length of the sequence the last calls repeat (3 times at least), or None."""
-    keys = [r[:3] for r in rows]
-    for p in range(1, min(max_period, len(keys) // 3) + 1):
-        if keys[-p:] == keys[-2 * p:-p] == keys[-3 * p:-2 * p]:
-            return p
-    return None
-
-
 def per_call(rows, calls):
-    """Each position of the repeated sequence, its ms averaged over the last `calls` calls."""
-    p = period(rows)
-    if p is None:
+    """(name, implementation, shape, ms per call, executions per call) of the calls' executions: by
+    position when every call ran one sequence, else (threads printing in turn, as inside oneDNN's
+    SDPA) by kind in order of first appearance. None if the calls ran different executions."""
+    if not rows or len(rows) % calls:
         return None
-    n = min(calls, len(rows) // p)
-    tail = rows[-p * n:]
-    return [(*tail[i][:3], sum(tail[i + k * p][3] for k in range(n)) / n) for i in range(p)]
+    p = len(rows) // calls
+    keys = [r[:3] for r in rows]
+    if all(keys[k * p:(k + 1) * p] == keys[:p] for k in range(1, calls)):
+        return [(*rows[i][:3], sum(rows[i + k * p][3] for k in range(calls)) / calls, 1) for i in range(p)]
+    if any(collections.Counter(keys[k * p:(k + 1) * p]) != collections.Counter(keys[:p]) for k in range(1, calls)):
+        return None
+    total = {}
+    for key, row in zip(keys, rows):
+        ms, n = total.get(key, (0.0, 0))
+        total[key] = (ms + row[3], n + 1)
+    return [(*key, ms / calls, n // calls) for key, (ms, n) in total.items()]
 
 
 def torch_llga_layers(args):
     env = dict(os.environ, ONEDNN_VERBOSE="profile_exec")
     cmd = [sys.executable, "-m", "torch_llga.layer_times", "--child", "--model", args.model,
            "--calls", str(args.calls), "--threads", str(args.threads)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = [line for line in out.stderr.splitlines() if line.startswith("wall_ms ")]
-    if out.returncode != 0 or not wall:
-        sys.exit(f"the profiled run failed:\n{out.stderr[-3000:]}")
-    prims = per_call(executions(out.stdout, "primitive"), args.calls)
-    parts = per_call(executions(out.stdout, "graph"), args.calls)
+    with tempfile.TemporaryFile() as verbose:
+        out = subprocess.run(cmd, env=env, stdout=verbose, stderr=subprocess.PIPE, text=True)
+        timed = [line.split() for line in out.stderr.splitlines() if line.startswith("timed ")]
+        if out.returncode != 0 or not timed:
+            sys.exit(f"the profiled run failed:\n{out.stderr[-3000:]}")
+        begin, end, wall = int(timed[0][1]), int(timed[0][2]), float(timed[0][3])
+        verbose.seek(begin)
+        text = verbose.read(end - begin).decode(errors="replace")
+    prims = per_call(executions(text, "primitive"), args.calls)
+    parts = per_call(executions(text, "graph"), args.calls)
     if prims is None or parts is None:
-        sys.exit("the calls did not repeat one sequence of oneDNN executions (shapes changing?): no per-layer times")
-    return float(wall[0].split()[1]), prims, parts
+        sys.exit("the timed calls did not all run the same oneDNN executions (shapes changing?): no per-layer times")
+    return wall, prims, parts
 
 
 def openvino_layers(args):
@@ -110,7 +125,8 @@ def openvino_layers(args):
     config = {"INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY",
               "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": "YES"}
     arrays = [x.numpy() for x in inputs]
-    compiled = ov.Core().compile_model(ov.convert_model(model, example_input=tuple(arrays)), "CPU", config)
+    with torch.no_grad():  # as the bench converts: nn.MultiheadAttention's inference path, traced once
+        compiled = ov.Core().compile_model(ov.convert_model(model, example_input=tuple(arrays)), "CPU", config)
     request = compiled.create_infer_request()
     for _ in range(20):
         request.infer(arrays)
@@ -123,19 +139,20 @@ def openvino_layers(args):
             total[p.node_name] += p.real_time.total_seconds() * 1e3
             info[p.node_name] = (p.node_type, p.exec_type)
     wall_ms = (time.perf_counter() - start) / args.calls * 1e3
-    layers = [(info[n][0], info[n][1], n, ms / args.calls) for n, ms in total.items() if ms > 0]
+    layers = [(info[n][0], info[n][1], n, ms / args.calls, 1) for n, ms in total.items() if ms > 0]
     return wall_ms, layers
 
 
 def print_layers(title, layers, top):
     print(title)
     print(f"{'us/call':>9}  {'op':<16} {'implementation':<44} shape / node")
-    for name, impl, shape, ms in (sorted(layers, key=lambda r: -r[3])[:top] if top else layers):
-        print(f"{ms * 1e3:9.1f}  {name:<16} {impl[:44]:<44} {shape[:60]}")
+    for name, impl, shape, ms, n in (sorted(layers, key=lambda r: -r[3])[:top] if top else layers):
+        times = f" (x{n})" if n > 1 else ""
+        print(f"{ms * 1e3:9.1f}  {name:<16} {impl[:44]:<44} {shape[:60]}{times}")
     by_op = collections.defaultdict(lambda: [0.0, 0])
-    for name, _, _, ms in layers:
+    for name, _, _, ms, n in layers:
         by_op[name][0] += ms
-        by_op[name][1] += 1
+        by_op[name][1] += n
     print("  by op: " + ", ".join(f"{n} {ms * 1e3:.0f} us ({k})" for n, (ms, k) in sorted(by_op.items(), key=lambda x: -x[1][0])))
 
 
@@ -154,9 +171,10 @@ def main(argv=None):
     wall, prims, parts = torch_llga_layers(args)
     in_parts = sum(r[3] for r in parts)
     in_prims = sum(r[3] for r in prims)
+    n_parts, n_prims = sum(r[4] for r in parts), sum(r[4] for r in prims)
     print(f"{cpu_name()}, {args.threads} threads, fp32, batch 1, {args.model}: mean of {args.calls} calls")
     print(f"torch_llga under ONEDNN_VERBOSE=profile_exec (its printing adds to the wall time): wall {wall:.3f} ms/call; "
-          f"{len(parts)} partition executions {in_parts:.3f} ms, of which {len(prims)} primitives {in_prims:.3f} ms; "
+          f"{n_parts} partition executions {in_parts:.3f} ms, of which {n_prims} primitive executions {in_prims:.3f} ms; "
           f"outside oneDNN {wall - in_parts:.3f} ms")
     print_layers("torch_llga's primitives:", prims, args.top)
     if args.openvino:
