@@ -144,16 +144,19 @@ def numpy_ready(x):
     return (x.float() if x.dtype == torch.bfloat16 else x).contiguous()
 
 
+def openvino_config(dtype, threads=None):
+    return {"INFERENCE_NUM_THREADS": threads or torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY",
+            # bf16 on its own on AVX512_BF16 CPUs unless told f32
+            "INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32"}
+
+
 def openvino_fn(model, inputs, dtype):
     """model converted and compiled by OpenVINO for the CPU, as a function of torch tensors."""
     ov = bench_import("openvino")
     if dtype == "bf16":  # OpenVINO's way to bf16: the fp32 model with a bf16 precision hint
         model = copy.deepcopy(model).float()
-    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY",
-              # bf16 on its own on AVX512_BF16 CPUs unless told f32
-              "INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32"}
     compiled = ov.Core().compile_model(ov.convert_model(model, example_input=tuple(map(numpy_ready, inputs))),
-                                       "CPU", config)
+                                       "CPU", openvino_config(dtype))
     request = compiled.create_infer_request()
 
     # The infer request, its inputs set as zero-copy tensors, then infer(): about half the per-call
@@ -322,9 +325,12 @@ def ratio_columns(backends):
     return [(h, b) for h, b in cols if b in backends]
 
 
+def cpu_name():
+    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+
+
 def markdown(rows, backends, args):
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    head = f"{cpu}; torch {torch.__version__}, oneDNN {torch_llga.onednn_version()} (torch's own, for every backend), " \
+    head = f"{cpu_name()}; torch {torch.__version__}, oneDNN {torch_llga.onednn_version()} (torch's own, for every backend), " \
            f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms over {args.rounds} rounds; " \
            f"ratios: median of per-round ratios, ~ where their middle half spans 1.00x"
     cols = ratio_columns(backends)

@@ -25,10 +25,6 @@ import torch
 VERBOSE_PREFIX = "onednn_verbose,v1,"
 
 
-def cpu_name():
-    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-
-
 def model_and_inputs(name):
     from torch_llga.bench_models import MODELS
 
@@ -118,12 +114,11 @@ def torch_llga_layers(args):
 
 
 def openvino_layers(args):
-    from torch_llga.bench import bench_import
+    from torch_llga.bench import bench_import, openvino_config
 
     ov = bench_import("openvino")
     model, inputs = model_and_inputs(args.model)
-    config = {"INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY",
-              "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": "YES"}
+    config = dict(openvino_config("fp32", args.threads), PERF_COUNT="YES")  # the bench's settings, profiled
     arrays = [x.numpy() for x in inputs]
     with torch.no_grad():  # as the bench converts: nn.MultiheadAttention's inference path, traced once
         compiled = ov.Core().compile_model(ov.convert_model(model, example_input=tuple(arrays)), "CPU", config)
@@ -167,6 +162,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         return run_child(args)
+
+    from torch_llga.bench import cpu_name
 
     wall, prims, parts = torch_llga_layers(args)
     in_parts = sum(r[3] for r in parts)
