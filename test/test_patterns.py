@@ -232,6 +232,38 @@ def test_batched_matmul_then_per_row_add():
     torch.testing.assert_close(fused(x), fn(x), rtol=1e-5, atol=1e-5)
 
 
+def test_per_head_bias_of_a_batched_matmul_stays_in_pytorch():
+    # oneDNN 3.12 runs a 4-D matmul whose add operand varies per head and column but not per row
+    # ([2, 8, 64, 64] + [1, 8, 1, 64]) with its reference kernel: 2000x slower at [1, 12, 128, 768] x
+    # [1, 12, 768, 64]. That add stays in PyTorch; a bias over the last dim, or one varying along the
+    # outermost batch dim only, still fuses.
+    w = torch.randn(2, 8, 64, 64)
+    x = torch.randn(2, 8, 64, 64)
+    for bias in [(1, 8, 1, 64), (8, 1, 64), (2, 8, 1, 64)]:
+        check(lambda a, b: torch.matmul(a, w) + b, x, torch.randn(bias), groups=[["matmul"]])
+    check(lambda a, b: torch.relu(torch.matmul(a, w)) * b, x, torch.randn(1, 8, 1, 64), groups=[["matmul", "relu"]])
+    for bias in [(64,), (2, 1, 1, 64), (1, 8, 64, 64)]:
+        check(lambda a, b: torch.matmul(a, w) + b, x, torch.randn(bias), groups=[["matmul", "add"]])
+    # and oneDNN's kernels are its brgemm ones, none a reference kernel
+    code = """
+import torch, torch_llga
+w, x, b = torch.randn(2, 8, 64, 64), torch.randn(2, 8, 64, 64), torch.randn(1, 8, 1, 64)
+class M(torch.nn.Module):
+    def forward(self, a, c):
+        return torch.matmul(a, w) + c
+torch_llga.enable()
+with torch.no_grad():
+    m = torch.jit.freeze(torch.jit.trace(M().eval(), (x, b)))
+    for _ in range(3):
+        m(x, b)
+"""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "TORCH_LLGA_SMALL_PLANS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
+    assert any(",matmul," in line for line in executions)
+    assert not [line for line in executions if ",ref:" in line]
+
+
 def test_4d_linear_post_op_broadcast():
     # oneDNN 3.12 adds an operand broadcast along some, not all, of the first three dims of a
     # 4-D linear's output wrongly ([2,1,3,8] + [1,1,3,8]: off by up to 5; found by fuzzing at a

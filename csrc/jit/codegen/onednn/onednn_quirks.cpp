@@ -152,6 +152,30 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary) {
   return false;
 }
 
+// 3.12.0 (speed, not values): a batched matmul's binary post-op whose operand varies along an inner
+// batch dim and along N but is broadcast along M ([2, 8, 64, 64] + [1, 8, 1, 64], per head and
+// column: a per-head bias) makes oneDNN run the matmul with its reference kernel (ref:any): 567 ms
+// against 0.28 ms for brg_matmul without the add ([1, 12, 128, 768] x [1, 12, 768, 64], AMD EPYC
+// Zen 5, 2 threads). Varying along the outermost batch dim only ([2, 1, 1, 64]), along M, or in a 3-D
+// matmul ([8, 1, 64]) keeps brg_matmul. Such an op stays in PyTorch.
+// test_patterns.py::test_per_head_bias_of_a_batched_matmul_stays_in_pytorch.
+bool matmul_per_batch_column_post_op(const Node* binary) {
+  if (!active("matmul_per_batch_column_post_op")) return false;
+  auto out = sizes(binary->output());
+  const size_t r = out.size();
+  if (r < 4 || out[r - 2] <= 1 || out[r - 1] <= 1) return false;
+  for (size_t i = 0; i < 2; ++i) {
+    if (!fed_by(binary->input(i), K::MatMul)) continue;
+    auto o = sizes(binary->input(1 - i));  // the post-op's operand, right-aligned to the output
+    if (o.empty() || o.size() > r) continue;
+    o.insert(o.begin(), r - o.size(), 1);
+    if (o[r - 2] != 1 || o[r - 1] != out[r - 1]) continue;
+    for (size_t d = 1; d + 2 < r; ++d)
+      if (o[d] > 1) return true;
+  }
+  return false;
+}
+
 // 3.12.0: a binary post-op of a layer norm over a one-element tensor (0.5 + layer_norm(x, (1,))
 // with x of size [1, 1]) gives 0 or 1 instead of 0.5 (fuzzing; [1, 2, 1] is right, the layer norm
 // alone too). Kept out wherever the last dim is 1: such a layer norm's output is its bias anyway.

@@ -19,6 +19,7 @@ using torch::jit::Node;
 bool matmul_last_dim_broadcast_post_op(const Node* binary);  // matmul(..) + [.., 1]: wrong
 bool one_element_layer_norm_post_op(const Node* binary);     // layer_norm(1 element) + c: wrong
 bool linear_4d_broadcast_post_op(const Node* binary);       // linear(4-D) + [1,1,3,8] at [2,1,3,8]: wrong
+bool matmul_per_batch_column_post_op(const Node* binary);  // matmul(4-D) + [1,H,1,N]: reference kernel
 bool matrix_vector_product(const Node* matmul);           // N = 1: several times slower than PyTorch
 bool bf16_round(const Node* round);                       // no bf16 Round kernel: fails to compile
 bool above_five_dims(const Node* n, const std::vector<torch::jit::Value*>& inputs);  // reference kernels overrun
