@@ -96,3 +96,18 @@ def test_layer_times_averages_each_position_of_the_repeated_call():
     # Calls that ran different executions give no per-layer times.
     assert per_call(rows[:8] + [("reorder", "impl:avx512", "1x3x8x8", 0.1)], calls=3) is None
     assert per_call(rows[:8], calls=3) is None
+
+
+def test_layer_times_groups_partitions_by_kind():
+    from torch_llga.layer_times import by_partition_kind, executions, per_call
+
+    def part(kind, ops, ms):
+        return f"onednn_verbose,v1,graph,exec,cpu,1000,{kind},{ops},,in0_f32:1:strided,fpm:strict,impl,{ms}"
+
+    lines = [part("sdp", "matmul;softmax;matmul", 0.4), part("matmul_post_ops", "linear", 1.0),
+             part("sdp", "matmul;softmax;matmul", 0.5)] * 2
+    parts = per_call(executions("\n".join(lines), "graph"), calls=2)
+    assert [(k, ops) for k, ops, *_ in parts] == [("sdp", "matmul;softmax;matmul"), ("matmul_post_ops", "linear"),
+                                                  ("sdp", "matmul;softmax;matmul")]
+    assert by_partition_kind(parts) == [("matmul_post_ops", "linear", "", pytest.approx(1.0), 1),
+                                        ("sdp", "matmul;softmax;matmul", "", pytest.approx(0.9), 2)]

@@ -3,13 +3,15 @@ OpenVINO's nodes (benchmark-only dependency), for a model of the bench.
 
     python -m torch_llga.layer_times --model mobilenet_v2 [--calls 300] [--threads 2] [--openvino]
 
-torch_llga's side runs in a child process with ONEDNN_VERBOSE=profile_exec: oneDNN prints every
+torch_llga's side runs in child processes with ONEDNN_VERBOSE=profile_exec: oneDNN prints every
 partition and primitive execution with its time, into a file whose offsets before and after the
 timed calls the child reports. Each timed call must run the same sequence; each position in it is
 averaged over the calls (by kind instead where threads print in turn, as inside oneDNN's SDPA).
-Printing slows the calls, so the wall time here is above the bench's; the primitive times are not
-(oneDNN times the primitive alone). "outside oneDNN" is the wall time minus the partitions' times:
-the interpreter, the ops left to PyTorch, our guards and dispatch, and the printing.
+The partitions come from a run that prints only them (filter=graph), the primitives from a second
+one. Printing slows the calls, so the wall time here is above the bench's; the primitive times are
+not (oneDNN times the primitive alone). "outside oneDNN" is the wall time minus the partitions':
+the interpreter, the ops left to PyTorch, our guards and dispatch, and the printing. Primitives that
+one partition runs on several threads at once (oneDNN's SDPA) add up to more than its wall time.
 OpenVINO's side is its own per-node profile (PERF_COUNT), in this process.
 """
 import argparse
@@ -94,8 +96,8 @@ def per_call(rows, calls):
     return [(*key, ms / calls, n // calls) for key, (ms, n) in total.items()]
 
 
-def torch_llga_layers(args):
-    env = dict(os.environ, ONEDNN_VERBOSE="profile_exec")
+def torch_llga_layers(args, verbose="profile_exec"):
+    env = dict(os.environ, ONEDNN_VERBOSE=verbose)
     cmd = [sys.executable, "-m", "torch_llga.layer_times", "--child", "--model", args.model,
            "--calls", str(args.calls), "--threads", str(args.threads)]
     with tempfile.TemporaryFile() as verbose:
@@ -106,11 +108,21 @@ def torch_llga_layers(args):
         begin, end, wall = int(timed[0][1]), int(timed[0][2]), float(timed[0][3])
         verbose.seek(begin)
         text = verbose.read(end - begin).decode(errors="replace")
-    prims = per_call(executions(text, "primitive"), args.calls)
-    parts = per_call(executions(text, "graph"), args.calls)
+    prim_rows, part_rows = executions(text, "primitive"), executions(text, "graph")
+    prims = per_call(prim_rows, args.calls) if prim_rows else []  # none printed under filter=graph
+    parts = per_call(part_rows, args.calls)
     if prims is None or parts is None:
         sys.exit("the timed calls did not all run the same oneDNN executions (shapes changing?): no per-layer times")
     return wall, prims, parts
+
+
+def by_partition_kind(parts):
+    """Partitions grouped by oneDNN kind and ops: (kind, ops, "", ms per call, executions per call), slowest first."""
+    total = {}
+    for kind, ops, _, ms, n in parts:
+        t_ms, t_n = total.get((kind, ops), (0.0, 0))
+        total[(kind, ops)] = (t_ms + ms, t_n + n)
+    return sorted(((kind, ops, "", ms, n) for (kind, ops), (ms, n) in total.items()), key=lambda r: -r[3])
 
 
 def openvino_layers(args):
@@ -165,14 +177,20 @@ def main(argv=None):
 
     from torch_llga.bench import cpu_name
 
-    wall, prims, parts = torch_llga_layers(args)
+    # Partitions first, with only their lines printed (filter=graph): a partition's wall time is then
+    # not inflated by the printing of its primitives' lines (oneDNN's SDPA prints hundreds a call).
+    wall, _, parts = torch_llga_layers(args, "profile_exec,filter=graph")
+    _, prims, _ = torch_llga_layers(args)
     in_parts = sum(r[3] for r in parts)
     in_prims = sum(r[3] for r in prims)
     n_parts, n_prims = sum(r[4] for r in parts), sum(r[4] for r in prims)
     print(f"{cpu_name()}, {args.threads} threads, fp32, batch 1, {args.model}: mean of {args.calls} calls")
-    print(f"torch_llga under ONEDNN_VERBOSE=profile_exec (its printing adds to the wall time): wall {wall:.3f} ms/call; "
-          f"{n_parts} partition executions {in_parts:.3f} ms, of which {n_prims} primitive executions {in_prims:.3f} ms; "
-          f"outside oneDNN {wall - in_parts:.3f} ms")
+    print(f"torch_llga under ONEDNN_VERBOSE=profile_exec,filter=graph (its printing adds to the wall time): "
+          f"wall {wall:.3f} ms/call; {n_parts} partition executions {in_parts:.3f} ms; outside oneDNN {wall - in_parts:.3f} ms")
+    print_layers("torch_llga's partitions, by kind (wall time):", by_partition_kind(parts), args.top)
+    print(f"\ntorch_llga's primitives (a second run, ONEDNN_VERBOSE=profile_exec): {n_prims} executions {in_prims:.3f} ms. "
+          "Where a partition runs its primitives on several threads at once (oneDNN's SDPA: one head per thread), "
+          "their times add up over the threads, CPU time rather than wall time: that partition's wall time is above.")
     print_layers("torch_llga's primitives:", prims, args.top)
     if args.openvino:
         ov_wall, ov_layers = openvino_layers(args)
