@@ -230,6 +230,25 @@ def test_batched_matmul_then_per_row_add():
     fused = check(fn, torch.randn(1, 1, 2, 2), groups=[["linear", "relu"]])
     x = torch.randn(2, 2, 2, 2)
     torch.testing.assert_close(fused(x), fn(x), rtol=1e-5, atol=1e-5)
+    # A 2-D one computes right but with oneDNN 3.12's reference kernel (800x slower at [256, 768]):
+    # a per-row scale stays in PyTorch too.
+    check(lambda a, b: model(a) * b, torch.randn(16, 2), torch.randn(16, 1), groups=[["linear"]])
+    check(lambda a, b: torch.mm(a, b) + torch.ones(16, 1), torch.randn(16, 4), torch.randn(4, 8), groups=[["mm"]])
+
+
+def test_per_sample_post_op_of_a_conv_stays_in_pytorch():
+    # oneDNN 3.12 runs a conv2d whose post-op operand varies per sample ([2, 1, 1, 1]), or per sample
+    # and channel after a grouped conv ([2, 8, 1, 1]: a diffusion UNet's time embedding), with its
+    # reference kernel (100-300x slower): that op stays in PyTorch. Per channel, or per sample and
+    # channel after a dense conv, it fuses.
+    conv = nn.Conv2d(8, 8, 3, padding=1).requires_grad_(False)
+    depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8).requires_grad_(False)
+    x = torch.randn(2, 8, 12, 12)
+    check(lambda a, b: conv(a) + b, x, torch.randn(2, 1, 1, 1), groups=[["_convolution"]])
+    check(lambda a, b: torch.relu(conv(a)) * b, x, torch.randn(2, 1, 1, 1), groups=[["_convolution", "relu"]])
+    check(lambda a, b: depthwise(a) + b, x, torch.randn(2, 8, 1, 1), groups=[["_convolution"]])
+    check(lambda a, b: conv(a) + b, x, torch.randn(2, 8, 1, 1), groups=[["_convolution", "add"]])
+    check(lambda a, b: depthwise(a) + b, x, torch.randn(1, 8, 1, 1), groups=[["_convolution", "add"]])
 
 
 def test_per_head_bias_of_a_batched_matmul_stays_in_pytorch():
