@@ -43,6 +43,7 @@ PYBIND11_MODULE(_C, m) {
     d["plan_runs"] = s.plan_runs.load();
     d["cached_partitions"] = s.cached_partitions.load();
     d["kept_buffer_bytes"] = s.kept_buffer_bytes.load();
+    d["slow_partitions"] = s.slow_partitions.load();
     return d;
   });
   // Each pass alone, for IR-in / IR-out tests (test_passes.py): the graph is changed in place.

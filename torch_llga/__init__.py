@@ -147,8 +147,11 @@ def stats():
     per group the first time a call brings it other input sizes);
     guard_failures: calls that ran a group unfused because its inputs differed from what it was
     built for (sizes, dtype, device, grad) or held NaN/Inf (also counted in nonfinite_fallbacks);
-    kernel_fallbacks: calls run unfused because oneDNN could not compile the partition, or (a
-    shape-free group at new sizes) an op of the group stays out of oneDNN at those sizes;
+    kernel_fallbacks: calls run unfused because oneDNN could not compile the partition, ran it far
+    slower than PyTorch runs its ops (slow_partitions), or (a shape-free group at new sizes) an op
+    of the group stays out of oneDNN at those sizes;
+    slow_partitions: compiled partitions that run unfused because oneDNN's kernel for them was over
+    5x slower than PyTorch's ops (a reference kernel), timed on their 2nd and 3rd executions;
     inplace_outputs: outputs computed in the memory of an input nothing else held (a conv or linear
     with a residual add accumulates into the added tensor instead of copying it first);
     evictions: compiled partitions dropped from a full cache; cached_partitions: compiled partitions

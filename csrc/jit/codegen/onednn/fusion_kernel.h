@@ -12,6 +12,7 @@
 #include "jit/codegen/onednn/graph_builder.h"
 #include "jit/codegen/onednn/op_table.h"
 
+#include <atomic>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,9 @@ class FusionKernel {
  private:
   static constexpr size_t kConstantPort = SIZE_MAX;
 
+  // Timed executions per compiled partition against its unfused ops (run_checking_speed).
+  static constexpr int kSpeedChecks = 2;
+
   // One compilation: for inputs with exactly these layouts.
   struct Compiled {
     Compiled();
@@ -41,7 +45,14 @@ class FusionKernel {
     std::vector<std::vector<int64_t>> out_sizes, out_strides;  // per output port, for PyTorch-read outputs
     std::vector<c10::MemoryFormat> out_formats;  // per output port: a quantized output's memory format
     dnnl::graph::compiled_partition partition;
-    bool fallback = false;  // oneDNN could not compile this: run the unfused subgraph
+    // Run the unfused subgraph instead: oneDNN could not compile this, or ran it far slower than
+    // PyTorch runs the ops (check_speed: set after compilation, so read by other threads).
+    std::atomic<bool> fallback{false};
+    // The speed check (kernel.cpp, run_checking_speed): the first execution is a warm-up, the next
+    // kSpeedChecks each also time the group's ops unfused; one far slower every time runs unfused.
+    std::atomic<int> checks_left{kSpeedChecks + 1};
+    int slow_verdicts = 0;
+    std::mutex check_mutex;
     std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
     // Made once; each call only points them at its tensors' memory (under execute_mutex).
     std::vector<dnnl::graph::tensor> in_tensors, out_tensors;
@@ -56,6 +67,11 @@ class FusionKernel {
   // Shared: another thread may evict the entry from the cache while this one executes it.
   // args: the call's arguments (for maps_at).
   std::shared_ptr<Compiled> compiled_for(const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
+  // The compiled partition on these inputs, its outputs replacing the arguments on the stack.
+  void execute(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, torch::jit::Stack& stack);
+  void run_checking_speed(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, torch::jit::Stack& stack);
+  torch::jit::Code& fallback_code();
+  void for_pytorch(torch::jit::Stack& stack) const;
   void compile(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
   bool maps_at(c10::ArrayRef<c10::IValue> args);
   void run_fallback(torch::jit::Stack& stack);

@@ -5,6 +5,7 @@
 #include <c10/util/strides.h>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <numeric>
 #include <unordered_set>
 #include <torch/csrc/jit/api/function_impl.h>
@@ -493,13 +494,22 @@ std::shared_ptr<FusionKernel::Compiled> FusionKernel::compiled_for(const Inputs&
   return c;
 }
 
+torch::jit::Code& FusionKernel::fallback_code() {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  if (!fallback_code_) fallback_code_ = std::make_unique<torch::jit::Code>(subgraph_->copy(), "llga_fallback");
+  return *fallback_code_;
+}
+
 void FusionKernel::run_fallback(Stack& stack) {
   runtime::stats().kernel_fallbacks.fetch_add(1, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (!fallback_code_) fallback_code_ = std::make_unique<torch::jit::Code>(subgraph_->copy(), "llga_fallback");
-  }
-  // Tensors densified for PyTorch's ops, in eager's layout (in_profiled_layout); other inputs as they were.
+  torch::jit::Code& code = fallback_code();
+  for_pytorch(stack);
+  torch::jit::InterpreterState(code).run(stack);
+}
+
+// The group's inputs (the stack's last num_inputs_) as PyTorch's ops take them: tensors densified,
+// in eager's layout (in_profiled_layout); other inputs as they were.
+void FusionKernel::for_pytorch(Stack& stack) const {
   for (size_t i = 0; i < num_inputs_; ++i) {
     auto& slot = stack[stack.size() - num_inputs_ + i];
     if (!slot.isTensor()) continue;
@@ -507,7 +517,52 @@ void FusionKernel::run_fallback(Stack& stack) {
     auto profiled = subgraph_->inputs()[i]->type()->cast<TensorType>();
     slot = profiled ? in_profiled_layout(t, *profiled) : t;
   }
-  torch::jit::InterpreterState(*fallback_code_).run(stack);
+}
+
+// oneDNN runs some partitions with a reference kernel, 100-2000x slower than PyTorch runs the same
+// ops (onednn_quirks.h keeps the known ones out of partitions; 567 ms against 0.28 ms for a
+// [1, 12, 128, 768] x [1, 12, 768, 64] matmul with a per-head bias). So a compiled partition's
+// second and third executions each also run the group's ops unfused, first (an in-place output
+// may overwrite an input), on the same inputs, and time both. Slower than kSlowFactor times the
+// unfused ops plus kSlowMarginNs both times, the partition runs unfused from then on (the
+// unfused ops' first run is their slowest: the check errs towards keeping the partition).
+void FusionKernel::run_checking_speed(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, Stack& stack) {
+  constexpr double kSlowFactor = 5;
+  constexpr double kSlowMarginNs = 100e3;
+  std::unique_lock<std::mutex> lock(c.check_mutex);
+  int left = c.checks_left.load(std::memory_order_relaxed);
+  if (left == kSpeedChecks + 1 || left == 0) {  // the warm-up execution (or another thread's check ended)
+    if (left > 0) c.checks_left.store(left - 1, std::memory_order_relaxed);
+    lock.unlock();
+    return execute(c, inputs, args, stack);
+  }
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
+  try {
+    Stack unfused(args.begin(), args.end());
+    for_pytorch(unfused);
+    torch::jit::InterpreterState(fallback_code()).run(unfused);
+  } catch (const std::exception& e) {  // no verdict: the fused call goes on as it would have
+    GRAPH_DEBUG("The speed check's unfused run failed (", e.what(), ")");
+    c.checks_left.store(0, std::memory_order_relaxed);
+    lock.unlock();
+    return execute(c, inputs, args, stack);
+  }
+  auto middle = Clock::now();
+  execute(c, inputs, args, stack);
+  auto end = Clock::now();
+  double unfused_ns = std::chrono::duration<double, std::nano>(middle - start).count();
+  double fused_ns = std::chrono::duration<double, std::nano>(end - middle).count();
+  c.slow_verdicts += fused_ns > kSlowFactor * unfused_ns + kSlowMarginNs;
+  c.checks_left.store(left - 1, std::memory_order_relaxed);
+  if (left - 1 == 0 && c.slow_verdicts == kSpeedChecks) {
+    c.fallback = true;
+    runtime::stats().slow_partitions.fetch_add(1, std::memory_order_relaxed);
+    TORCH_WARN("torch_llga: oneDNN ran a fused group (", profiler_name_, ") ",
+               static_cast<int64_t>(fused_ns / std::max(unfused_ns, 1.0)), "x slower than PyTorch runs its ops (",
+               static_cast<int64_t>(fused_ns / 1e3), " against ", static_cast<int64_t>(unfused_ns / 1e3),
+               " us): it runs unfused for these inputs. Please report the model (torch_llga.explain shows the group).");
+  }
 }
 
 // The per-call path: no graph work, no strings; the cache lookup compares a key built on the stack,
@@ -523,7 +578,12 @@ void FusionKernel::run(Stack& stack) {
                                         : at::Tensor());
   std::shared_ptr<Compiled> compiled = compiled_for(inputs, args);
   Compiled& c = *compiled;
-  if (c.fallback) return run_fallback(stack);
+  if (c.fallback.load(std::memory_order_relaxed)) return run_fallback(stack);
+  if (c.checks_left.load(std::memory_order_relaxed) > 0) return run_checking_speed(c, inputs, args, stack);
+  execute(c, inputs, args, stack);
+}
+
+void FusionKernel::execute(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, Stack& stack) {
 
   c10::SmallVector<at::Tensor, 4> outs(c.outputs.size());
   for (auto [p_in, p_out] : c.inplace) {

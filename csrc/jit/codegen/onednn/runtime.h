@@ -62,6 +62,7 @@ struct Stats {
   std::atomic<int64_t> plan_runs{0};          // calls of small-graph plans (llga::SmallPlan)
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
   std::atomic<int64_t> kept_buffer_bytes{0};  // freed buffers the pool keeps for reuse, now (runtime.cpp)
+  std::atomic<int64_t> slow_partitions{0};    // compiled partitions run unfused: far slower than PyTorch (kernel.cpp)
 };
 Stats& stats();
 
