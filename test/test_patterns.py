@@ -283,6 +283,27 @@ with torch.no_grad():
     assert not [line for line in executions if ",ref:" in line]
 
 
+def test_broadcast_where_after_a_matmul_stays_in_pytorch():
+    # oneDNN 3.12 runs where(mask, scores, y) after a matmul with its reference kernel when the mask
+    # or y broadcasts (GPT-2's causal mask): 25x slower at ViT's sizes. That where stays in PyTorch;
+    # with full-sized operands it fuses.
+    w = torch.randn(2, 4, 16, 16)
+    x = torch.randn(2, 4, 16, 16)
+    fn = lambda a, m, y: torch.where(m, torch.matmul(a, w), y)  # noqa: E731
+    check(fn, x, torch.rand(2, 1, 1, 16) > 0.3, torch.full((1, 1, 1, 1), -1e4), groups=[["matmul"]])
+    check(fn, x, torch.rand(2, 4, 16, 16) > 0.3, torch.full((1, 1, 1, 1), -1e4), groups=[["matmul"]])
+    check(fn, x, torch.rand(2, 4, 16, 16) > 0.3, torch.randn(2, 4, 16, 16), groups=[["matmul", "where"]])
+
+
+def test_per_row_post_op_of_a_4d_layer_norm_stays_in_pytorch():
+    # oneDNN 3.12 runs layer_norm(4-D) * [.., 1] with its reference kernel (40x slower at ViT's
+    # sizes): that mul stays in PyTorch. A 3-D layer norm's, or a per-column operand, fuses.
+    fn = lambda a, t: F.layer_norm(a, (32,)) * t  # noqa: E731
+    check(fn, torch.randn(2, 3, 8, 32), torch.randn(2, 3, 8, 1), groups=[["layer_norm"]])
+    check(fn, torch.randn(3, 8, 32), torch.randn(3, 8, 1), groups=[["layer_norm", "mul"]])
+    check(fn, torch.randn(2, 3, 8, 32), torch.randn(32), groups=[["layer_norm", "mul"]])
+
+
 def test_4d_linear_post_op_broadcast():
     # oneDNN 3.12 adds an operand broadcast along some, not all, of the first three dims of a
     # 4-D linear's output wrongly ([2,1,3,8] + [1,1,3,8]: off by up to 5; found by fuzzing at a
