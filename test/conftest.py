@@ -80,6 +80,19 @@ def check(model, *inputs, groups, freeze=True, **tol):
     return fused
 
 
+# Python source of a model oneDNN 3.12 runs with its reference kernel unless the quirk
+# matmul_per_batch_column_post_op keeps its add out (a 4-D matmul + a per-head bias), traced and
+# fused as `m` with inputs (x, b); for tests that run it in a subprocess (quirk switches, verbose).
+PER_HEAD_BIAS_MODEL = """
+import warnings, torch, torch_llga
+w, x, b = torch.randn(2, 8, 64, 64), torch.randn(2, 8, 64, 64), torch.randn(1, 8, 1, 64)
+class M(torch.nn.Module):
+    def forward(self, a, c):
+        return torch.matmul(a, w) + c
+torch_llga.enable()
+"""
+
+
 def run_in_threads(worker, n=8):
     """worker(i) for i in range(n), each in its own thread, all at once; re-raises the first
     exception any of them raised."""

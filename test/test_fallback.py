@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import torch_llga
 
-from conftest import ConvNet, FP32, check, opaque_outputs, SOME
+from conftest import PER_HEAD_BIAS_MODEL, ConvNet, FP32, check, opaque_outputs, SOME
 
 
 def assert_matches_eager(model, fused, x):
@@ -176,13 +176,7 @@ def test_a_partition_far_slower_than_pytorch_runs_unfused():
     # a compiled partition's 2nd and 3rd executions also run its ops unfused, and one over 5x
     # slower both times runs unfused from then on. With the quirk for a per-head bias turned off,
     # that matmul + add is such a partition (its reference kernel: ~30 ms a call here, not 0.1).
-    code = """
-import warnings, torch, torch_llga
-w, x, b = torch.randn(2, 8, 64, 64), torch.randn(2, 8, 64, 64), torch.randn(1, 8, 1, 64)
-class M(torch.nn.Module):
-    def forward(self, a, c):
-        return torch.matmul(a, w) + c
-torch_llga.enable()
+    code = PER_HEAD_BIAS_MODEL + """
 with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     m = torch.jit.freeze(torch.jit.trace(M().eval(), (x, b)))

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch_llga
 
-from conftest import FP32, Fused, check, opaque_outputs, SOME
+from conftest import PER_HEAD_BIAS_MODEL, FP32, Fused, check, opaque_outputs, SOME
 
 
 class ConvBnRelu(nn.Module):
@@ -264,13 +264,7 @@ def test_per_head_bias_of_a_batched_matmul_stays_in_pytorch():
     for bias in [(64,), (2, 1, 1, 64), (1, 8, 64, 64)]:
         check(lambda a, b: torch.matmul(a, w) + b, x, torch.randn(bias), groups=[["matmul", "add"]])
     # and oneDNN's kernels are its brgemm ones, none a reference kernel
-    code = """
-import torch, torch_llga
-w, x, b = torch.randn(2, 8, 64, 64), torch.randn(2, 8, 64, 64), torch.randn(1, 8, 1, 64)
-class M(torch.nn.Module):
-    def forward(self, a, c):
-        return torch.matmul(a, w) + c
-torch_llga.enable()
+    code = PER_HEAD_BIAS_MODEL + """
 with torch.no_grad():
     m = torch.jit.freeze(torch.jit.trace(M().eval(), (x, b)))
     for _ in range(3):
