@@ -46,7 +46,7 @@ class FusionKernel {
     std::vector<c10::MemoryFormat> out_formats;  // per output port: a quantized output's memory format
     dnnl::graph::compiled_partition partition;
     // Run the unfused subgraph instead: oneDNN could not compile this, or ran it far slower than
-    // PyTorch runs the ops (check_speed: set after compilation, so read by other threads).
+    // PyTorch runs the ops (run_checking_speed: set after compilation, while other threads read it).
     std::atomic<bool> fallback{false};
     // The speed check (kernel.cpp, run_checking_speed): the first execution is a warm-up, the next
     // kSpeedChecks each also time the group's ops unfused; one far slower every time runs unfused.
