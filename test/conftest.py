@@ -85,7 +85,7 @@ def check(model, *inputs, groups, freeze=True, **tol):
 # fused as `m` with inputs (x, b); for tests that run it in a subprocess (quirk switches, verbose).
 PER_HEAD_BIAS_MODEL = """
 import warnings, torch, torch_llga
-w, x, b = torch.randn(2, 8, 64, 64), torch.randn(2, 8, 64, 64), torch.randn(1, 8, 1, 64)
+w, x, b = torch.randn(2, 8, 128, 128), torch.randn(2, 8, 128, 128), torch.randn(1, 8, 1, 128)
 class M(torch.nn.Module):
     def forward(self, a, c):
         return torch.matmul(a, w) + c

@@ -175,7 +175,7 @@ def test_a_partition_far_slower_than_pytorch_runs_unfused():
     # ops. The known ones stay out of partitions (onednn_quirks.h); any other is caught by timing:
     # a compiled partition's 2nd and 3rd executions also run its ops unfused, and one over 5x
     # slower both times runs unfused from then on. With the quirk for a per-head bias turned off,
-    # that matmul + add is such a partition (its reference kernel: ~30 ms a call here, not 0.1).
+    # that matmul + add is such a partition (its reference kernel: ~0.25 s a call here, not 1 ms).
     code = PER_HEAD_BIAS_MODEL + """
 with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -151,7 +151,7 @@ def stats():
     slower than PyTorch runs its ops (slow_partitions), or (a shape-free group at new sizes) an op
     of the group stays out of oneDNN at those sizes;
     slow_partitions: compiled partitions that run unfused because oneDNN's kernel for them was over
-    5x (plus 2 ms) slower than PyTorch's ops (a reference kernel), timed on their 2nd and 3rd
+    5x (plus 25 ms) slower than PyTorch's ops (a reference kernel), timed on their 2nd and 3rd
     executions;
     inplace_outputs: outputs computed in the memory of an input nothing else held (a conv or linear
     with a residual add accumulates into the added tensor instead of copying it first);
