@@ -249,6 +249,9 @@ def test_per_sample_post_op_of_a_conv_stays_in_pytorch():
     check(lambda a, b: depthwise(a) + b, x, torch.randn(2, 8, 1, 1), groups=[["_convolution"]])
     check(lambda a, b: conv(a) + b, x, torch.randn(2, 8, 1, 1), groups=[["_convolution", "add"]])
     check(lambda a, b: depthwise(a) + b, x, torch.randn(1, 8, 1, 1), groups=[["_convolution", "add"]])
+    conv1d, conv3d = nn.Conv1d(8, 8, 3).requires_grad_(False), nn.Conv3d(4, 4, 3).requires_grad_(False)
+    check(lambda a, b: conv1d(a) * b, torch.randn(2, 8, 20), torch.randn(2, 1, 1), groups=[["_convolution"]])
+    check(lambda a, b: conv3d(a) + b, torch.randn(2, 4, 6, 6, 6), torch.randn(2, 1, 1, 1, 1), groups=[["_convolution"]])
 
 
 def test_per_head_bias_of_a_batched_matmul_stays_in_pytorch():
@@ -275,6 +278,22 @@ with torch.no_grad():
     executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
     assert any(",matmul," in line for line in executions)
     assert not [line for line in executions if ",ref:" in line]
+
+
+def test_spatially_broadcast_post_op_of_a_conv_stays_in_pytorch():
+    # oneDNN 3.12 runs a binary op after a conv whose operand varies spatially but broadcasts along
+    # another dim (a positional map shared by the batch, [1, C, H, W] at N = 2) as a binary primitive
+    # with its reference kernel (7x slower than PyTorch): that op stays in PyTorch. Full-sized and
+    # per-channel operands fuse.
+    conv = nn.Conv2d(8, 8, 3, padding=1).requires_grad_(False)
+    conv1d = nn.Conv1d(8, 8, 3, padding=1).requires_grad_(False)
+    x = torch.randn(2, 8, 12, 12)
+    for operand in [(1, 8, 12, 12), (2, 8, 12, 1), (12, 1), (8, 12, 12)]:
+        check(lambda a, b: conv(a) + b, x, torch.randn(operand), groups=[["_convolution"]])
+    check(lambda a, b: conv1d(a) * b, torch.randn(2, 8, 20), torch.randn(1, 8, 20), groups=[["_convolution"]])
+    for operand in [(2, 8, 12, 12), (1, 8, 1, 1)]:
+        check(lambda a, b: conv(a) + b, x, torch.randn(operand), groups=[["_convolution", "add"]])
+    check(lambda a, b: conv(a) + b, torch.randn(1, 8, 12, 12), torch.randn(1, 8, 12, 12), groups=[["_convolution", "add"]])
 
 
 def test_broadcast_where_after_a_matmul_stays_in_pytorch():
@@ -568,6 +587,9 @@ def test_channels_last_input_to_a_binary_chain(all_partitions):
     check(lambda a: torch.relu(a * 2.0) + c, x, groups=[["mul", "relu", "add"]])
     check(lambda a: a * b + c, x, groups=[["mul", "add"]])
     conv = nn.Conv2d(3, 8, 3, padding=1).requires_grad_(False)
+    # per channel here: an operand varying along W after a conv stays in PyTorch anyway (its
+    # reference kernel: onednn_quirks.cpp, conv_spatial_broadcast_post_op)
+    c = torch.randn(1, 8, 1, 1)
 
     def fn(a):
         y = conv(a)
@@ -577,8 +599,9 @@ def test_channels_last_input_to_a_binary_chain(all_partitions):
 
 
 def test_channels_last_group_output_to_a_binary_chain():
-    # The same with default settings: the conv's output feeds two groups, so it stays an LLGA
-    # tensor in oneDNN's channels-last layout (off by up to 11 before the copy).
+    # The same with default settings: a max-pool's output feeds two groups, so it stays an LLGA
+    # tensor in oneDNN's channels-last layout (off by up to 16 before the copy). (A conv's output
+    # there: such an add stays in PyTorch, conv_spatial_broadcast_post_op.)
     conv, conv2 = nn.Conv2d(3, 64, 3, padding=1), nn.Conv2d(64, 64, 1)
     c = torch.randn(1, 64)
 
@@ -588,10 +611,11 @@ def test_channels_last_group_output_to_a_binary_chain():
             self.conv, self.conv2 = conv, conv2
 
         def forward(self, a):
-            y = self.conv(a)
+            y = F.max_pool2d(self.conv(a), 2)
             return (y * 2.0 + c) * 3.0, self.conv2(y)
 
-    check(Model(), torch.randn(1, 3, 64, 64), groups=[["_convolution"], ["mul", "add", "mul"], ["_convolution"]])
+    check(Model(), torch.randn(1, 3, 128, 128),
+          groups=[["_convolution"], ["max_pool2d"], ["mul", "add", "mul"], ["_convolution"]])
 
 
 def test_layer_norm_then_full_size_add():

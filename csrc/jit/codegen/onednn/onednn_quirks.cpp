@@ -155,24 +155,28 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary) {
   return false;
 }
 
-// 3.12.0 (speed, not values): a 2-D convolution's binary post-op whose operand varies per sample but
+// 3.12.0 (speed, not values): a convolution's binary post-op whose operand varies per sample but
 // not per channel ([2, 1, 1, 1]: a per-sample scale), or per sample and channel after a grouped or
 // depthwise convolution ([2, 64, 1, 1]: a diffusion UNet's time embedding), makes oneDNN run the
 // convolution with its reference kernel: 329 ms against PyTorch's 0.96 for a 3x3 64->64 conv of
 // [2, 64, 56, 56] + [2, 1, 1, 1]; 21.9 against 0.14 ms depthwise + [2, 64, 1, 1] (a sweep of
 // patterns, AMD EPYC Zen 5, 2 threads). A dense convolution + [N, C, 1, 1] keeps its brgemm
-// kernel. Such an op stays in PyTorch. test_patterns.py::test_per_sample_post_op_of_a_conv_stays_in_pytorch.
+// kernel. conv1d and conv3d run such an op as a binary primitive with the reference kernel
+// ([2, 1, 1] and [2, 1, 1, 1, 1]: up to 14 ms a call, a second sweep). Such an op stays in PyTorch.
+// test_patterns.py::test_per_sample_post_op_of_a_conv_stays_in_pytorch.
 bool conv_per_sample_post_op(const Node* binary) {
   if (!active("conv_per_sample_post_op")) return false;
   auto out = sizes(binary->output());
-  if (out.size() != 4 || out[0] <= 1) return false;
+  if (out.size() < 3 || out[0] <= 1) return false;
   for (size_t i = 0; i < 2; ++i) {
     const Node* conv = producer(binary->input(i), K::Convolution);
     if (!conv) continue;
     auto o = sizes(binary->input(1 - i));
-    if (o.size() != 4 || o[0] != out[0] || o[2] != 1 || o[3] != 1) continue;  // per sample, not per position
+    // per sample, not per position
+    if (o.size() != out.size() || o[0] != out[0] || std::any_of(o.begin() + 2, o.end(), [](int64_t d) { return d != 1; }))
+      continue;
     if (o[1] == 1) return true;
-    // groups: _convolution's 9th argument, conv2d's 7th
+    // groups: _convolution's 9th argument, conv1d/2d/3d's 7th
     size_t at = conv->kind() == c10::aten::_convolution ? 8 : 6;
     auto groups = at < conv->inputs().size() ? torch::jit::constant_as<int64_t>(conv->input(at)) : std::nullopt;
     if (!groups || *groups != 1) return true;
@@ -200,6 +204,29 @@ bool matmul_per_batch_column_post_op(const Node* binary) {
     if (o[r - 2] != 1 || o[r - 1] != out[r - 1]) continue;
     for (size_t d = 1; d + 2 < r; ++d)
       if (o[d] > 1) return true;
+  }
+  return false;
+}
+
+// 3.12.0 (speed, not values): a binary op after a convolution whose operand varies along a spatial
+// dim but is broadcast along another dim ([1, 64, 56, 56] against the conv's [2, 64, 56, 56]: a
+// positional map shared by the batch; [2, 64, 56, 1], [56, 1], ...) runs as a binary primitive of
+// its own with oneDNN's reference kernel on the conv's channels-last output: 7.0 ms against
+// PyTorch's 0.98 for a 3x3 conv of [2, 64, 56, 56] (a sweep of patterns, AMD EPYC Zen 5, 2
+// threads; conv1d and conv3d alike). Full-sized, per-channel and per-sample operands are fast
+// (or kept out by conv_per_sample_post_op). Such an op stays in PyTorch.
+// test_patterns.py::test_spatially_broadcast_post_op_of_a_conv_stays_in_pytorch.
+bool conv_spatial_broadcast_post_op(const Node* binary) {
+  if (!active("conv_spatial_broadcast_post_op")) return false;
+  auto out = sizes(binary->output());
+  if (out.size() < 3) return false;
+  for (size_t i = 0; i < 2; ++i) {
+    if (!producer(binary->input(i), K::Convolution)) continue;
+    auto o = sizes(binary->input(1 - i));  // the operand, right-aligned to the output
+    if (o.empty() || o.size() > out.size()) continue;
+    o.insert(o.begin(), out.size() - o.size(), 1);
+    bool spatial = std::any_of(o.begin() + 2, o.end(), [](int64_t d) { return d > 1; });
+    if (spatial && o != out) return true;
   }
   return false;
 }

@@ -20,7 +20,8 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary);  // matmul(..) + [..
 bool one_element_layer_norm_post_op(const Node* binary);     // layer_norm(1 element) + c: wrong
 bool linear_4d_broadcast_post_op(const Node* binary);       // linear(4-D) + [1,1,3,8] at [2,1,3,8]: wrong
 bool matmul_per_batch_column_post_op(const Node* binary);  // matmul(4-D) + [1,H,1,N]: reference kernel
-bool conv_per_sample_post_op(const Node* binary);          // conv2d + [N,1,1,1] (grouped: [N,C,1,1]): reference kernel
+bool conv_per_sample_post_op(const Node* binary);          // conv + [N,1,1,1] (grouped: [N,C,1,1]): reference kernel
+bool conv_spatial_broadcast_post_op(const Node* binary);   // conv(..) + [1,C,H,W] at N > 1, [N,C,H,1], ...: reference kernel
 bool matmul_broadcast_select(const Node* where);           // where(mask, matmul, y), mask or y broadcast: reference kernel
 bool layer_norm_4d_last_dim_broadcast_post_op(const Node* binary);  // layer_norm(4-D) * [.., 1]: reference kernel
 bool matrix_vector_product(const Node* matmul);           // N = 1: several times slower than PyTorch
