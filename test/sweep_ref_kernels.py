@@ -9,7 +9,7 @@ the same ops. onednn_quirks.cpp keeps the known ones out of partitions, and the 
 PyTorch after its 3rd execution (stats()["slow_partitions"]). This finds the reference kernels
 left: those the speed check caught, and those it did not (costlier than its margin: a miss; cheaper:
 a quirk's to keep out), and checks values against eager on the way. Not part of `make test`
-(about 5 minutes with --quick, 20 without, on 2 cores):
+(about 15 s with --quick, 1 minute without, on 2 quiet cores):
 
     python test/sweep_ref_kernels.py [--quick] [--dtype bf16] [-k NAME_SUBSTRING ...]
 
