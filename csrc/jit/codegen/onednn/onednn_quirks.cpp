@@ -21,6 +21,7 @@
 #include <torch/csrc/jit/jit_log.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -64,6 +65,15 @@ bool one_element(const Value* v) {
   return t && t->numel() == 1;
 }
 
+// v's sizes right-aligned to a result of rank r (leading 1s added, as broadcasting reads them):
+// [4, 8] against a rank-3 result is [1, 4, 8]. Nullopt if v's sizes are unknown or of higher rank.
+std::optional<std::vector<int64_t>> right_aligned(const Value* v, size_t r) {
+  auto o = sizes(v);
+  if (o.empty() || o.size() > r) return std::nullopt;
+  o.insert(o.begin(), r - o.size(), 1);
+  return o;
+}
+
 // The op of this oneDNN kind that makes v (or null), looking through the elementwise ops oneDNN
 // chains after it as post-ops: relu(linear(x)) * c is the same post-op on the same matmul.
 const Node* producer(const Value* v, K kind, int depth = 4) {
@@ -102,13 +112,12 @@ bool linear_4d_broadcast_post_op(const Node* binary) {
   for (size_t i = 0; i < 2; ++i) {
     const Value* other = binary->input(1 - i);
     if (!linear_of_4d(producer(binary->input(i), K::MatMul))) continue;
-    auto o = sizes(other);
-    if (o.empty() || o.size() > out.size()) continue;
-    o.insert(o.begin(), out.size() - o.size(), 1);
+    auto o = right_aligned(other, out.size());
+    if (!o) continue;
     bool broadcast = false, kept = false;
     for (size_t d = 0; d + 1 < out.size(); ++d) {
       if (out[d] == 1) continue;
-      (o[d] == 1 ? broadcast : kept) = true;
+      ((*o)[d] == 1 ? broadcast : kept) = true;
     }
     if (broadcast && kept) return true;
   }
@@ -130,10 +139,8 @@ bool layer_norm_sum_post_op(const Node* binary, const std::unordered_set<const N
   for (size_t i = 0; i < 2; ++i) {
     const Node* ln = producer(binary->input(i), K::LayerNorm);
     if (!ln || !partition.count(ln)) continue;
-    auto o = sizes(binary->input(1 - i));
-    if (out.empty() || o.empty() || o.size() > out.size()) continue;
-    o.insert(o.begin(), out.size() - o.size(), 1);  // [4, 8] against [1, 4, 8]: the same sum
-    if (o == out) return true;
+    auto o = right_aligned(binary->input(1 - i), out.size());  // [4, 8] against [1, 4, 8]: the same sum
+    if (!out.empty() && o && *o == out) return true;
   }
   return false;
 }
@@ -198,12 +205,10 @@ bool matmul_per_batch_column_post_op(const Node* binary) {
   if (r < 4 || out[r - 2] <= 1 || out[r - 1] <= 1) return false;
   for (size_t i = 0; i < 2; ++i) {
     if (!fed_by(binary->input(i), K::MatMul)) continue;
-    auto o = sizes(binary->input(1 - i));  // the post-op's operand, right-aligned to the output
-    if (o.empty() || o.size() > r) continue;
-    o.insert(o.begin(), r - o.size(), 1);
-    if (o[r - 2] != 1 || o[r - 1] != out[r - 1]) continue;
+    auto o = right_aligned(binary->input(1 - i), r);  // the post-op's operand
+    if (!o || (*o)[r - 2] != 1 || (*o)[r - 1] != out[r - 1]) continue;
     for (size_t d = 1; d + 2 < r; ++d)
-      if (o[d] > 1) return true;
+      if ((*o)[d] > 1) return true;
   }
   return false;
 }
@@ -222,11 +227,10 @@ bool conv_spatial_broadcast_post_op(const Node* binary) {
   if (out.size() < 3) return false;
   for (size_t i = 0; i < 2; ++i) {
     if (!producer(binary->input(i), K::Convolution)) continue;
-    auto o = sizes(binary->input(1 - i));  // the operand, right-aligned to the output
-    if (o.empty() || o.size() > out.size()) continue;
-    o.insert(o.begin(), out.size() - o.size(), 1);
-    bool spatial = std::any_of(o.begin() + 2, o.end(), [](int64_t d) { return d > 1; });
-    if (spatial && o != out) return true;
+    auto o = right_aligned(binary->input(1 - i), out.size());
+    if (!o) continue;
+    bool spatial = std::any_of(o->begin() + 2, o->end(), [](int64_t d) { return d > 1; });
+    if (spatial && *o != out) return true;
   }
   return false;
 }
@@ -343,10 +347,8 @@ bool per_channel_post_op_at_unit_spatial(const Node* binary, const std::unordere
   for (size_t i = 0; i < 2; ++i) {
     const Node* producer = binary->input(i)->node();
     if (producer->kind() == c10::prim::Constant || !partition.count(producer)) continue;
-    auto o = sizes(binary->input(1 - i));  // the post-op's operand, right-aligned to the output
-    if (o.empty() || o.size() > out.size()) continue;
-    o.insert(o.begin(), out.size() - o.size(), 1);
-    if (o[0] == 1 && o[1] == out[1]) return true;
+    auto o = right_aligned(binary->input(1 - i), out.size());  // the post-op's operand
+    if (o && (*o)[0] == 1 && (*o)[1] == out[1]) return true;
   }
   return false;
 }
