@@ -254,6 +254,22 @@ def test_per_sample_post_op_of_a_conv_stays_in_pytorch():
     check(lambda a, b: conv3d(a) + b, torch.randn(2, 4, 6, 6, 6), torch.randn(2, 1, 1, 1, 1), groups=[["_convolution"]])
 
 
+def test_one_row_matmul_then_full_size_add_stays_in_pytorch():
+    # oneDNN 3.12 crashes (a segfault or a heap corruption) running an fp32 matmul of one row with
+    # an add of the output's sizes, its "sum" post-op, from about K >= 1280 and N >= 768: a batch-1
+    # classifier plus a residual, one token through a transformer's MLP. That add stays in PyTorch;
+    # with two rows, it fuses.
+    fc = nn.Linear(2048, 1000).requires_grad_(False)
+    w = torch.randn(2048, 1000) / 45
+    check(lambda a, r: fc(a) + r, torch.randn(1, 2048), torch.randn(1, 1000), groups=[["linear"]])
+    check(lambda a, r: r + fc(a), torch.randn(1, 1, 2048), torch.randn(1, 1, 1000), groups=[["linear"]])
+    check(lambda a, b: torch.matmul(a, w) + b, torch.randn(1, 2048), torch.randn(1000), groups=[["matmul"]])
+    fused = check(lambda a, r: fc(a) + r, torch.randn(4, 2048), torch.randn(4, 1000), groups=[["linear", "add"]])
+    # traced with four rows, called with one
+    a, r = torch.randn(1, 2048), torch.randn(1, 1000)
+    torch.testing.assert_close(fused(a, r), fc(a) + r, rtol=1e-5, atol=1e-5)
+
+
 def test_per_head_bias_of_a_batched_matmul_stays_in_pytorch():
     # oneDNN 3.12 runs a 4-D matmul whose add operand varies per head and column but not per row
     # ([2, 8, 64, 64] + [1, 8, 1, 64]) with its reference kernel: 2000x slower at [1, 12, 128, 768] x

@@ -162,6 +162,28 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary) {
   return false;
 }
 
+// 3.12.0: a matmul of one row (every output dim but the last of size 1) with an add of an operand
+// of the output's sizes, which oneDNN makes a "sum" post-op (linear(x) + residual, or + a [N] bias
+// at [1, N]), crashes in its fp32 brgemm matmul (a segfault in brgemm_matmul_t<avx2>, or "corrupted
+// double-linked list") from about K >= 1280 and N >= 768: [1, 2048] x [2048, 1000] + [1, 1000], a
+// batch-1 classifier plus a residual; [1, 1, 3072] -> 768, one token through a transformer's MLP
+// (AMD EPYC Zen 5, 1 or 2 threads). Two rows, a sub or a mul, and bf16 were right. Such an add
+// stays in PyTorch; the kernel asks again at new sizes (a batch of 4 traced may come back as 1).
+// test_patterns.py::test_one_row_matmul_then_full_size_add_stays_in_pytorch.
+bool one_row_matmul_sum_post_op(const Node* binary) {
+  if (!active("one_row_matmul_sum_post_op")) return false;
+  const OpEntry* e = find_entry(binary);
+  if (!e || e->kind != K::Add) return false;
+  auto out = sizes(binary->output());
+  if (out.empty() || std::any_of(out.begin(), out.end() - 1, [](int64_t d) { return d != 1; })) return false;
+  for (size_t i = 0; i < 2; ++i) {
+    if (!fed_by(binary->input(i), K::MatMul)) continue;
+    auto o = right_aligned(binary->input(1 - i), out.size());
+    if (o && *o == out) return true;
+  }
+  return false;
+}
+
 // 3.12.0 (speed, not values): a convolution's binary post-op whose operand varies per sample but
 // not per channel ([2, 1, 1, 1]: a per-sample scale), or per sample and channel after a grouped or
 // depthwise convolution ([2, 64, 1, 1]: a diffusion UNet's time embedding), makes oneDNN run the

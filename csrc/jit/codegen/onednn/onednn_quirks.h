@@ -24,6 +24,7 @@ bool conv_per_sample_post_op(const Node* binary);          // conv + [N,1,1,1] (
 bool conv_spatial_broadcast_post_op(const Node* binary);   // conv(..) + [1,C,H,W] at N > 1, [N,C,H,1], ...: reference kernel
 bool matmul_broadcast_select(const Node* where);           // where(mask, matmul, y), mask or y broadcast: reference kernel
 bool layer_norm_4d_last_dim_broadcast_post_op(const Node* binary);  // layer_norm(4-D) * [.., 1]: reference kernel
+bool one_row_matmul_sum_post_op(const Node* binary);      // matmul(1 row) + [1, N]: crashes
 bool matrix_vector_product(const Node* matmul);           // N = 1: several times slower than PyTorch
 bool bf16_round(const Node* round);                       // no bf16 Round kernel: fails to compile
 bool above_five_dims(const Node* n, const std::vector<torch::jit::Value*>& inputs);  // reference kernels overrun

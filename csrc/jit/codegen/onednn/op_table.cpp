@@ -74,7 +74,7 @@ bool unsafe_post_op(const Node* n) {
   return quirks::matmul_last_dim_broadcast_post_op(n) || quirks::one_element_layer_norm_post_op(n) ||
          quirks::linear_4d_broadcast_post_op(n) || quirks::matmul_per_batch_column_post_op(n) ||
          quirks::conv_per_sample_post_op(n) || quirks::conv_spatial_broadcast_post_op(n) ||
-         quirks::layer_norm_4d_last_dim_broadcast_post_op(n);
+         quirks::layer_norm_4d_last_dim_broadcast_post_op(n) || quirks::one_row_matmul_sum_post_op(n);
 }
 bool elementwise_binary(const Node* n, OpSpec& s) { return !unsafe_post_op(n) && binary(n, s); }
 bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split out by prepare_binary
