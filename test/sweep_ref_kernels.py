@@ -11,7 +11,14 @@ left: those the speed check caught, and those it did not (costlier than its marg
 a quirk's to keep out), and checks values against eager on the way. Not part of `make test`
 (about 15 s with --quick, 1 minute without, on 2 quiet cores):
 
-    python test/sweep_ref_kernels.py [--quick] [--dtype bf16] [-k NAME_SUBSTRING ...]
+    python test/sweep_ref_kernels.py [--quick | --big] [--dtype bf16] [-k NAME_SUBSTRING ...]
+
+--big sweeps other cases instead: few rows against large K and N (a batch-1 classifier, one token
+through a transformer's linears, attention decoding one query), 1x1-spatial convs with many
+channels, layer norm and softmax over 8192, where oneDNN's crashes showed (one_row_matmul_sum_post_op:
+a heap corruption from K >= 1088 at N >= 512, that small shapes never reach). Each case runs in
+a child of its own, so a corrupted heap is blamed on the case that corrupted it (190 cases, about
+4 minutes).
 
 Prints the reference-kernel cases, wrong values, crashes and counts per family; exits 1 if any value
 is wrong, a case crashed or a reference kernel ran that the speed check did not catch.
@@ -299,6 +306,60 @@ def catalog(quick):
     return cases
 
 
+def big_catalog():
+    """Crash-prone large shapes, one child per case (--big)."""
+    cases = []
+
+    def reg(name, fn, inputs, parts=dict):
+        cases.append((name, lambda: (Model(fn, parts()), inputs())))
+
+    posts = {  # name: (fn(p, s, *ys), whether it takes an operand of the output's sizes)
+        "add": (lambda p, s, y: p + y, True), "bias": (lambda p, s: p + s.c, False),
+        "add>relu": (lambda p, s, y: torch.relu(p + y), True), "relu>add": (lambda p, s, y: torch.relu(p) + y, True),
+        "mul": (lambda p, s, y: p * y, True), "sub": (lambda p, s, y: p - y, True)}
+    for (K, N), (head, xs), M in itertools.product(
+            ((1280, 768), (2048, 1000), (3072, 768), (4096, 3072)),
+            (("linear", 2), ("linear_nb", 2), ("matmul", 2), ("addmm", 2), ("linear", 3)), (1, 2)):
+        if M == 2 and (head != "linear" or xs != 2):
+            continue
+        f = {"linear": lambda s, x: s.lin(x), "linear_nb": lambda s, x: s.lin(x),
+             "matmul": lambda s, x: torch.matmul(x, s.w), "addmm": lambda s, x: torch.addmm(s.b, x, s.w)}[head]
+        x = (M, K) if xs == 2 else (1, M, K)
+        for post, (g, same) in posts.items():
+            reg(f"big.{head}.{xs}d.M{M}K{K}N{N}.{post}", lambda s, x, *y, f=f, g=g: g(f(s, x), s, *y),
+                lambda x=x, same=same, N=N: [rn(x)] + ([rn(x[:-1] + (N,))] if same else []),
+                lambda K=K, N=N, head=head: {"lin": nn.Linear(K, N, bias=head == "linear"), "w": rn(K, N) / K ** 0.5,
+                                             "b": rn(N), "c": rn(N)})
+    for D, H in ((768, 3072), (1024, 4096), (1280, 5120), (2048, 8192)):  # one token through an MLP block
+        reg(f"big.mlp.1x1x{D}.h{H}", lambda s, x: s.l2(F.gelu(s.l1(x))) + x, lambda D=D: [rn(1, 1, D)],
+            lambda D=D, H=H: {"l1": nn.Linear(D, H), "l2": nn.Linear(H, D)})
+    for B, K, N in ((12, 64, 2048), (1, 2048, 1000), (12, 768, 2304)):  # batched, one row
+        for post in ("add", "mul"):
+            reg(f"big.bmm.{B}x1x{K}.n{N}.{post}", lambda s, a, b, y, g=posts[post][0]: g(torch.matmul(a, b), s, y),
+                lambda B=B, K=K, N=N: [rn(B, 1, K), rn(B, K, N) / K ** 0.5, rn(B, 1, N)])
+    for S, mask in itertools.product((512, 2048), ("none", "b11s", "bh1s")):  # attention decoding one query
+        mshape = {"b11s": (1, 1, 1, S), "bh1s": (1, 12, 1, S)}.get(mask)
+
+        def attn(s, q, k, v, *m):
+            w = torch.matmul(q, k.transpose(-1, -2)) * 0.125
+            return torch.matmul(torch.softmax(w + m[0] if m else w, -1), v)
+        reg(f"big.attn_decode.s{S}.{mask}", attn, lambda S=S, mshape=mshape: [rn(1, 12, 1, 64), rn(1, 12, S, 64),
+            rn(1, 12, S, 64)] + ([rn(mshape)] if mshape else []))
+    for sp, (cin, cout), post in itertools.product((1, 2, 7), ((512, 2048), (2048, 512)), ("add", "add>relu", "bias")):
+        g, same = posts[post]
+        reg(f"big.conv1x1.1x{cin}x{sp}x{sp}.o{cout}.{post}", lambda s, x, *y, g=g: g(s.conv(x), s, *y),
+            lambda cin=cin, cout=cout, sp=sp, same=same: [rn(1, cin, sp, sp)] + ([rn(1, cout, sp, sp)] if same else []),
+            lambda cin=cin, cout=cout: {"conv": nn.Conv2d(cin, cout, 1), "c": rn(cout, 1, 1)})
+    for D, op, post in itertools.product((4096, 8192), ("layer_norm", "softmax"), ("add", "bias", "mul")):
+        g, same = posts[post]
+        reg(f"big.{op}.1x{D}.{post}",
+            lambda s, x, *y, g=g, op=op, D=D: g(F.layer_norm(x, (D,), s.w, s.b) if op == "layer_norm" else
+                                               torch.softmax(x, -1), s, *y),
+            lambda D=D, same=same: [rn(1, D)] + ([rn(1, D)] if same else []),
+            lambda D=D: {"w": torch.rand(D) + 0.5, "b": rn(D), "c": rn(D)})
+    return cases
+
+
 def mismatch(got, expected, tol):
     """The largest |got - expected| over tol * (1 + |expected|), or 0; NaN against NaN agrees."""
     if got.shape != expected.shape or got.dtype != expected.dtype:
@@ -349,9 +410,9 @@ def run_children(args, cases):
     env = dict(os.environ, ONEDNN_VERBOSE="1", TORCH_LLGA_SMALL_PLANS="0", OMP_NUM_THREADS="2")
     recs, first = [], 0
     while first < len(cases):
-        last = min(len(cases), first + CHUNK)
+        last = min(len(cases), first + (1 if args.big else CHUNK))
         cmd = [sys.executable, __file__, "--dtype", args.dtype, "--child", str(first), str(last)]
-        cmd += ["--quick"] * args.quick + sum((["-k", k] for k in args.k), [])
+        cmd += ["--quick"] * args.quick + ["--big"] * args.big + sum((["-k", k] for k in args.k), [])
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         lines = queue.Queue()  # a reader thread, so a silent child can be timed out
         threading.Thread(target=lambda: ([lines.put(ln) for ln in proc.stdout], lines.put(None)), daemon=True).start()
@@ -394,6 +455,9 @@ def run_children(args, cases):
             rec["error"] = " | ".join(tail)
             recs.append(rec)
             first = rec["index"] + 1
+        elif proc.returncode and args.big and recs and recs[-1]["index"] == first:  # died at exit: a heap
+            recs[-1].update(status=f"crash at exit (exit {proc.returncode})", error=" | ".join(tail))  # it corrupted
+            first = last
         elif proc.returncode:  # failed between cases (to start, say): report what ran
             recs.append(dict(name=f"child.cases_{first}_to_{last}", status=f"child failed (exit {proc.returncode})",
                              error=" | ".join(tail), refs={}, eager_refs=set()))
@@ -439,11 +503,15 @@ def report(recs):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer shapes and post-ops (840 cases, about 15 s)")
+    parser.add_argument("--big", action="store_true",
+                        help="large shapes instead, each case in a child of its own (190 cases, about 4 minutes)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("-k", action="append", default=[], help="only cases whose name contains this")
     parser.add_argument("--child", nargs=2, type=int, metavar=("FIRST", "LAST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    cases = [c for c in catalog(args.quick) if not args.k or any(k in c[0] for k in args.k)]
+    if args.big and args.quick:
+        parser.error("--big and --quick are exclusive")
+    cases = [c for c in (big_catalog() if args.big else catalog(args.quick)) if not args.k or any(k in c[0] for k in args.k)]
     if args.child:
         args.first, args.last = args.child
         return child(args, cases)

@@ -163,12 +163,14 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary) {
 }
 
 // 3.12.0: a matmul of one row (every output dim but the last of size 1) with an add of an operand
-// of the output's sizes, which oneDNN makes a "sum" post-op (linear(x) + residual, or + a [N] bias
-// at [1, N]), crashes in its fp32 brgemm matmul (a segfault in brgemm_matmul_t<avx2>, or "corrupted
-// double-linked list") from about K >= 1280 and N >= 768: [1, 2048] x [2048, 1000] + [1, 1000], a
-// batch-1 classifier plus a residual; [1, 1, 3072] -> 768, one token through a transformer's MLP
-// (AMD EPYC Zen 5, 1 or 2 threads). Two rows, a sub or a mul, and bf16 were right. Such an add
-// stays in PyTorch; the kernel asks again at new sizes (a batch of 4 traced may come back as 1).
+// of the output's sizes, which oneDNN makes a "sum" post-op (linear(x) + residual, addmm, or + a
+// [N] bias at [1, N]), crashes in its fp32 brgemm matmul (its one-row avx2 kernel writes up to 28
+// bytes past a 2 KiB buffer, valgrind: a segfault, or "corrupted double-linked list") from about
+// K >= 1088 and N >= 512: [1, 2048] x [2048, 1000] + [1, 1000], a batch-1 classifier plus a
+// residual; [1, 1, 3072] -> 768, one token through a transformer's MLP (AMD EPYC Zen 5, 1 or 2
+// threads; a sweep of 810 large-shape cases found no other). Two rows, a sub or a mul after a
+// plain linear, and bf16 were right. Such an add stays in PyTorch; the kernel asks again at new
+// sizes (a batch of 4 traced may come back as 1). `test/sweep_ref_kernels.py --big` covers it.
 // test_patterns.py::test_one_row_matmul_then_full_size_add_stays_in_pytorch.
 bool one_row_matmul_sum_post_op(const Node* binary) {
   if (!active("one_row_matmul_sum_post_op")) return false;
