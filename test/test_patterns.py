@@ -690,6 +690,47 @@ with torch.no_grad():
     assert not [line for line in executions if ",reorder," in line and "2x24x32" in line]
 
 
+class ImageStem(nn.Module):
+    """A CNN's first layer: a strided 3x3 conv of an RGB image, then relu6."""
+
+    def __init__(self, channels=3):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, 16, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return F.relu6(self.conv(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 3, 32, 32), (2, 3, 20, 28), (2, 1, 16, 16), (1, 4, 9, 9)])
+def test_image_input_goes_to_onednn_channels_last(shape, dtype):
+    # A 1-4 channel NCHW image only a conv reads is handed to oneDNN channels-last (kernel.cpp,
+    # image_to_channels_last): oneDNN's own reorder of it is slow.
+    x = torch.randn(shape).to(dtype)
+    tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else {}
+    check(ImageStem(shape[1]).to(dtype), x, groups=[["_convolution", "relu6"]], **tol)
+
+
+def test_image_input_is_not_reordered_by_onednn():
+    code = f"""
+import sys, torch, torch_llga
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_patterns import ImageStem
+x = torch.randn(1, 3, 64, 64)
+torch_llga.enable()
+with torch.no_grad():
+    m = torch.jit.freeze(torch.jit.trace(ImageStem().eval(), x))
+    for _ in range(4):
+        m(x)
+"""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "TORCH_LLGA_SMALL_PLANS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,graph,exec,")]
+    assert executions and all("1x3x64x64:12288s1s192s3" in line for line in executions)  # NHWC strides
+    primitives = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
+    assert not [line for line in primitives if ",reorder," in line and "1x3x64x64" in line]
+
+
 @pytest.mark.parametrize("scaled", [False, True])
 def test_matmul_of_a_transposed_input(scaled):
     # Alone, the matmul reads k^T in place; with a binary post-op (the scale) k^T is copied first.

@@ -9,7 +9,7 @@
 
 namespace llga {
 
-class LlgaTensorImpl : public c10::TensorImpl {
+class LlgaTensorImpl final : public c10::TensorImpl {
  public:
   LlgaTensorImpl(c10::Storage&& storage, const caffe2::TypeMeta& dtype,
                  const dnnl::graph::logical_tensor& desc);

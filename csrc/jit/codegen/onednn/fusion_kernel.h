@@ -56,6 +56,7 @@ class FusionKernel {
     std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
     // Made once; each call only points them at its tensors' memory (under execute_mutex).
     std::vector<dnnl::graph::tensor> in_tensors, out_tensors;
+    std::vector<void*> in_handles, out_handles;  // what each points at now
     // (input port, output port) pairs oneDNN may compute in place: a conv or matmul with a sum
     // post-op accumulates into the added tensor's buffer instead of copying it to the output first.
     std::vector<std::pair<size_t, size_t>> inplace;
@@ -105,6 +106,7 @@ class FusionKernel {
     bool any_dense = false;  // read in any dense layout (see readable())
     bool read_by_matmul = false;  // a matmul reads it (see readable())
     bool plain_only = false;      // read by a chain of binary ops: contiguous only (see readable())
+    bool image = false;           // read as a convolution's source only (see image_to_channels_last())
     size_t ports = 0;        // how many input ports read it
   };
   // Per input port of the partition.
