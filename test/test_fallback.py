@@ -134,12 +134,14 @@ def test_size_one_dims_with_any_stride(all_partitions):
 
 class ManyLinearsOfOneElement(nn.Module):
     """Found by fuzzing: oneDNN 3.12's pattern matcher throws std::out_of_range ("vector::_M_range_check",
-    the message PyTorch's built-in fuser crashes with on DeepAndWide) partitioning this graph."""
+    the message PyTorch's built-in fuser crashes with on DeepAndWide) partitioning this graph. addmm's
+    bias is [1, 1]: a full-size one would stay in PyTorch (quirks::one_row_matmul_sum_post_op), and
+    the graph oneDNN sees would no longer be this one."""
 
     def __init__(self):
         super().__init__()
         self.w = nn.ParameterList([nn.Parameter(torch.randn(8, 1)) for _ in range(4)])
-        self.w5, self.w8, self.b8 = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(1, 8)), nn.Parameter(torch.randn(8))
+        self.w5, self.w8, self.b8 = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(1, 8)), nn.Parameter(torch.randn(1, 1))
 
     def forward(self, x0, x1):
         F.linear(x0, self.w[0]), F.linear(x0, self.w[1]), F.linear(x0, self.w[2])
