@@ -258,12 +258,16 @@ def test_one_row_matmul_then_full_size_add_stays_in_pytorch():
     # oneDNN 3.12 crashes (a segfault or a heap corruption) running an fp32 matmul of one row with
     # an add of the output's sizes, its "sum" post-op, from about K >= 1280 and N >= 768: a batch-1
     # classifier plus a residual, one token through a transformer's MLP. That add stays in PyTorch;
-    # with two rows, it fuses.
+    # with two rows, or in bf16, it fuses.
     fc = nn.Linear(2048, 1000).requires_grad_(False)
     w = torch.randn(2048, 1000) / 45
     check(lambda a, r: fc(a) + r, torch.randn(1, 2048), torch.randn(1, 1000), groups=[["linear"]])
     check(lambda a, r: r + fc(a), torch.randn(1, 1, 2048), torch.randn(1, 1, 1000), groups=[["linear"]])
     check(lambda a, b: torch.matmul(a, w) + b, torch.randn(1, 2048), torch.randn(1000), groups=[["matmul"]])
+    # bf16 runs another kernel, which is right: its add fuses (rounding of outputs around 1)
+    fc16 = nn.Linear(2048, 1000).requires_grad_(False).bfloat16()
+    check(lambda a, r: fc16(a) + r, torch.randn(1, 2048).bfloat16(), torch.randn(1, 1000).bfloat16(),
+          groups=[["linear", "add"]], rtol=1.6e-2, atol=1e-2)
     fused = check(lambda a, r: fc(a) + r, torch.randn(4, 2048), torch.randn(4, 1000), groups=[["linear", "add"]])
     # traced with four rows, called with one
     a, r = torch.randn(1, 2048), torch.randn(1, 1000)

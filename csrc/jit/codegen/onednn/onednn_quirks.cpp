@@ -169,13 +169,16 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary) {
 // K >= 1088 and N >= 512: [1, 2048] x [2048, 1000] + [1, 1000], a batch-1 classifier plus a
 // residual; [1, 1, 3072] -> 768, one token through a transformer's MLP (AMD EPYC Zen 5, 1 or 2
 // threads; a sweep of 810 large-shape cases found no other). Two rows, a sub or a mul after a
-// plain linear, and bf16 were right. Such an add stays in PyTorch; the kernel asks again at new
-// sizes (a batch of 4 traced may come back as 1). `test/sweep_ref_kernels.py --big` covers it.
+// plain linear, and bf16 (another kernel) were right. Such an fp32 add stays in PyTorch; the
+// kernel asks again at new sizes (a batch of 4 traced may come back as 1).
+// `test/sweep_ref_kernels.py --big` covers it.
 // test_patterns.py::test_one_row_matmul_then_full_size_add_stays_in_pytorch.
 bool one_row_matmul_sum_post_op(const Node* binary) {
   if (!active("one_row_matmul_sum_post_op")) return false;
   const OpEntry* e = find_entry(binary);
   if (!e || e->kind != K::Add) return false;
+  auto t = binary->output()->type()->cast<TensorType>();
+  if (t && t->scalarType() && *t->scalarType() != c10::ScalarType::Float) return false;  // unknown: as fp32
   auto out = sizes(binary->output());
   if (out.empty() || std::any_of(out.begin(), out.end() - 1, [](int64_t d) { return d != 1; })) return false;
   for (size_t i = 0; i < 2; ++i) {
