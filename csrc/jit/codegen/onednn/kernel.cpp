@@ -117,11 +117,11 @@ void interleave(const T* in, T* out, int64_t n, int64_t c, int64_t plane) {
 // A contiguous NCHW image of 1-4 channels (a model's input) that only convolutions read goes to
 // oneDNN channels-last: oneDNN reorders it so inside the partition anyway, and slowly at so few
 // channels (60 us for 1x3x224x224 in ONEDNN_VERBOSE). A MobileNetV2-like stem, conv + depthwise
-// conv + pool: 133 us a call before, 117 after (AMD EPYC Zen 5, 2 threads). Other tensors are
-// returned as they are.
+// conv + pool: 133 us a call before, 117 after (AMD EPYC Zen 5, 2 threads). Other tensors (LLGA
+// ones too: a group's output is already in the layout oneDNN chose) are returned as they are.
 at::Tensor image_to_channels_last(const at::Tensor& t) {
-  if (t.dim() != 4 || t.size(1) > 4 || t.numel() == 0 || !t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast) ||
-      (t.scalar_type() != at::kFloat && t.scalar_type() != at::kBFloat16))
+  if (!t.defined() || is_llga_tensor(t) || t.dim() != 4 || t.size(1) > 4 || t.numel() == 0 || !t.is_contiguous() ||
+      t.is_contiguous(at::MemoryFormat::ChannelsLast) || (t.scalar_type() != at::kFloat && t.scalar_type() != at::kBFloat16))
     return t;
   // From the buffer pool: the same size comes back on every call (fresh memory: a fault per page).
   const size_t nbytes = t.nbytes();
@@ -657,8 +657,7 @@ void FusionKernel::run(Stack& stack) {
     inputs.push_back(args[i].isTensor() ? readable(args[i].toTensor(), inputs_[i].any_dense, inputs_[i].read_by_matmul,
                                                    inputs_[i].plain_only)
                                         : at::Tensor());
-    if (inputs_[i].image && inputs.back().defined() && !is_llga_tensor(inputs.back()))
-      inputs.back() = image_to_channels_last(inputs.back());
+    if (inputs_[i].image) inputs.back() = image_to_channels_last(inputs.back());
   }
   std::shared_ptr<Compiled> compiled = compiled_for(inputs, args);
   Compiled& c = *compiled;
