@@ -389,6 +389,14 @@ def child(args, cases):
             inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
             with torch.no_grad():
                 expected = model(*inputs)
+                # bf16: freezing folds a batch norm into the conv's bf16 weights, which rounds them
+                # (2-3% of the output on conv.c2_k1.bn, as much without the fuser); the frozen
+                # model run by PyTorch is then the reference as good as eager.
+                frozen = None
+                if dtype == torch.bfloat16:
+                    with torch_llga.enabled(False):
+                        unfused = torch.jit.freeze(torch.jit.trace(model, inputs, check_trace=False))
+                        frozen = [unfused(*inputs) for _ in range(3)][-1]
                 traced = torch.jit.freeze(torch.jit.trace(model, inputs, check_trace=False))
                 print("@@ profile", flush=True)  # call 1 profiles: PyTorch's own ops, its own kernels
                 traced(*inputs)
@@ -399,7 +407,7 @@ def child(args, cases):
                 after = torch_llga.stats()
             res = dict(fused=after["executions"] > before["executions"],
                        slow=after["slow_partitions"] - before["slow_partitions"],
-                       err=max(mismatch(o, expected, tol) for o in outs))
+                       err=max(min(mismatch(o, ref, tol) for ref in (expected, frozen) if ref is not None) for o in outs))
         except Exception as e:  # noqa: BLE001 (a case that fails to trace or run is reported, not fatal)
             res = dict(error=f"{type(e).__name__}: {e}".replace("\n", " ")[:300])
         print("@@ result " + json.dumps(res), flush=True)
