@@ -540,11 +540,13 @@ class Conv(Op):
         w_out = (v.shape[-1] + 2 * pad[-1] - dil[-1] * (k[-1] - 1) - 1) // stride[-1] + 1
         if v.dtype == BF16 and sp == 2 and w_out == 1 and stride[-1] > 1:
             return None  # eager PyTorch 2.14's bf16 conv2d returns garbage here (uninitialized memory)
-        if v.dtype == BF16 and any(k[i] == 1 and dil[i] > 1 for i in range(sp)):
+        if any(k[i] == 1 and dil[i] > 1 for i in range(sp)):
             # eager PyTorch 2.14 segfaults on some (oneDNN 3.12's brgemm conv, the fault quirk
             # dilated_unit_kernel keeps from torch_llga's groups): bf16 [2, 4, 7, 1] channels-last,
             # w [4, 2, 3, 1], stride (1, 2), padding (1, 1), dilation (1, 2), groups 2. It crashed
-            # a long fuzz run while drawing a program, before torch_llga ran it.
+            # a long fuzz run while drawing a program, before torch_llga ran it. On Zen 4 fp32 too
+            # (oneDNN picks brg_conv_fwd:avx2 there; a null kernel in perform_outwork): [1, 4, 4, 1]
+            # channels-last, w [6, 2, 3, 1], stride (1, 2), padding (1, 1), dilation (2, 2), groups 2.
             return None
         fan_in = c // groups * math.prod(k)
         t = {"w": b.const((out, c // groups) + k, v.dtype, scale=1 / math.sqrt(fan_in))}

@@ -908,3 +908,16 @@ def test_channels_last_post_op_operand_of_a_matmul(op):
         c2 = torch.randn(1, 2, 3, 8).contiguous(memory_format=torch.channels_last)
         with torch.no_grad():
             torch.testing.assert_close(fused(a, b, c2), fn(a, b, c2), **FP32)
+
+
+def test_dilated_size_one_kernel_grouped_fp32():
+    # The same fault in fp32 on Zen 4, where oneDNN 3.12 runs this grouped conv (two input
+    # channels a group) with brg_conv_fwd:avx2: a null kernel in perform_outwork, a segfault.
+    # Eager PyTorch itself crashes on it given a channels-last input (its own oneDNN conv), so the
+    # model is traced with a contiguous one; the fused group then gets both layouts.
+    w, b = torch.randn(6, 2, 3, 1), torch.randn(6)
+    fn = lambda a: F.conv2d(a.relu(), w, b, (1, 2), (1, 1), (2, 2), 2)  # noqa: E731
+    x = torch.randn(1, 4, 4, 1)
+    fused = check(fn, x, groups=[["_convolution"]])
+    for y in (torch.randn(1, 4, 4, 1), torch.randn(1, 4, 4, 1).contiguous(memory_format=torch.channels_last)):
+        torch.testing.assert_close(fused(y), fn(y.contiguous()), **FP32)

@@ -479,7 +479,9 @@ bool one_channel_unit_width_conv(const Node* conv, const std::vector<int64_t>& s
 // 3.12.0: a bf16 convolution with a size-1 kernel, dilation 2 and stride 2 (conv1d of a [2, 8, 1]
 // input, padding 1) segfaults in its brgemm kernel (brgemm_convolution_fwd_t::perform_outwork;
 // fuzzing). Dilation means nothing along a size-1 kernel dim: it is given to oneDNN as 1.
-// test_patterns.py::test_dilated_size_one_kernel_bf16.
+// On Zen 4 fp32 too: a grouped conv of two input channels a group runs brg_conv_fwd:avx2 there
+// ([1, 4, 4, 1], w [6, 2, 3, 1], stride (1, 2), padding (1, 1), dilation (2, 2); a null kernel).
+// test_patterns.py::test_dilated_size_one_kernel_bf16, test_dilated_size_one_kernel_grouped_fp32.
 bool dilated_unit_kernel() {
   static const bool on = active("dilated_unit_kernel");
   return on;
