@@ -390,12 +390,12 @@ def child(args, cases):
             inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
             with torch.no_grad():
                 expected = model(*inputs)
-                # bf16: freezing folds a batch norm into the conv's bf16 weights, which rounds them
-                # (2-3% of the output on conv.c2_k1.bn, as much without the fuser); the frozen
-                # model run by PyTorch is then the reference as good as eager.
-                # bf16: the same math in fp32 on the same bf16 values is a reference too. A fused chain
-                # keeps fp32 between its ops where eager rounds each to bf16, and can be nearer the
-                # truth than eager (sdpa.manual.q100k37d80: 0.017-0.019 from fp64 against eager's 0.019-0.024).
+                # bf16 references besides eager, a result near any of them being right: the frozen
+                # model run by PyTorch (freezing folds a batch norm into the conv's bf16 weights,
+                # rounding them: conv.c2_k1.bn is 2-3% off eager without the fuser too), and the
+                # same math in fp32 on the same bf16 values (a fused chain keeps fp32 between its
+                # ops where eager rounds each to bf16: sdpa.manual.q100k37d80 was 0.017-0.019 from
+                # fp64, eager 0.019-0.024).
                 frozen = exact = None
                 if dtype == torch.bfloat16:
                     exact = copy.deepcopy(model).float()(*(t.float() if t.is_floating_point() else t for t in inputs))
