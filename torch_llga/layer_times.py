@@ -12,6 +12,9 @@ one. Printing slows the calls, so the wall time here is above the bench's; the p
 not (oneDNN times the primitive alone). "outside oneDNN" is the wall time minus the partitions':
 the interpreter, the ops left to PyTorch, our guards and dispatch, and the printing. Primitives that
 one partition runs on several threads at once (oneDNN's SDPA) add up to more than its wall time.
+Partition time minus primitive time is no measure of oneDNN's graph layer: on MobileNetV2 at one
+thread it came to 11 us a partition, where a C++ loop without verbose measured 0.5-0.9 us
+(BENCHMARKS.md, thirteenth session). Count per-group cost with perf or callgrind instead.
 OpenVINO's side is its own per-node profile (PERF_COUNT), in this process.
 """
 import argparse
