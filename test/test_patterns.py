@@ -920,4 +920,7 @@ def test_dilated_size_one_kernel_grouped_fp32():
     x = torch.randn(1, 4, 4, 1)
     fused = check(fn, x, groups=[["_convolution"]])
     for y in (torch.randn(1, 4, 4, 1), torch.randn(1, 4, 4, 1).contiguous(memory_format=torch.channels_last)):
+        before = torch_llga.stats()
         torch.testing.assert_close(fused(y), fn(y.contiguous()), **FP32)
+        after = torch_llga.stats()
+        assert after["executions"] == before["executions"] + 1  # the group ran it, not the guard's fallback
