@@ -439,6 +439,18 @@ def sdpa(q, k, v, mask):
     return F.scaled_dot_product_attention(q.relu(), k.relu(), v.relu(), attn_mask=mask)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_attention_bias_is_where_of_the_mask(dtype):
+    # llga::attention_bias fills the bias bitwise from the mask's bytes; it must equal PyTorch's
+    # where(mask, 0, -inf) bit for bit, for every float dtype and for an expanded (stride 0) mask.
+    like = torch.zeros(1, dtype=dtype)
+    for keep in (torch.rand(2, 1, 16, 24) > 0.3, (torch.rand(1, 1, 1, 37) > 0.5).expand(3, 1, 5, 37)):
+        expected = torch.where(keep, torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype))
+        bias = torch.ops.llga.attention_bias(keep, like)
+        assert bias.dtype == dtype and bias.shape == keep.shape
+        assert torch.equal(bias, expected)
+
+
 @pytest.mark.parametrize("mask", ["none", "float", "bool"])
 def test_scaled_dot_product_attention_is_one_partition(mask):
     # Dense q, k, v: one oneDNN SDPA kernel. A boolean mask (transformers' traced "sdpa" attention
