@@ -99,6 +99,28 @@ def test_small_buffers_are_kept_too():
 
 
 @SANITIZED
+def test_a_dead_tensors_buffer_is_reused_for_a_smaller_one():
+    """Each group's output takes the buffer freed last whose size is within 2x of it, not only one
+    of its exact size: the dead tensor's lines are likeliest still in the caches (runtime.cpp).
+    Six 1x1 convs at 64x64 whose outputs shrink 1 MiB, 960, 896, ... 704 KiB: exact sizes would
+    keep a buffer of each (5.2 MiB); reused, two take turns."""
+    channels = [64, 60, 56, 52, 48, 44]
+    layers = []
+    for a, b in zip([8] + channels, channels):
+        layers += [nn.Conv2d(a, b, 1), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1]).eval()
+    x = torch.randn(1, 8, 64, 64)
+    fused = check(model, x, groups=[["_convolution", "relu"]] * 5 + [["_convolution"]])
+    torch_llga.release(fused.module)  # the pool emptied: what it keeps next is this model's
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fused(x), model(x), **FP32)
+    kept = torch_llga.stats()["kept_buffer_bytes"]
+    assert 1 << 20 <= kept < 3 << 20, kept
+    torch_llga.release(fused.module)
+
+
+@SANITIZED
 def test_buffer_pool_limit_bounds_what_is_kept():
     """A server with many models bounds the pool: lowering the limit frees what is over it at once,
     0 keeps nothing (each call then faults its scratch in again, and computes the same)."""

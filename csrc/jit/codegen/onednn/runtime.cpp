@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <list>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -64,9 +65,17 @@ void init_constant_cache() {
 // request of that size by first merging its free small chunks (malloc_consolidate, on nearly every
 // partition execution here). Measured on 40 partitions of a 1x1 conv at 16x4x4, one thread:
 // allocation was a fifth of the time, malloc_consolidate alone 4.6%.
+//
+// A request takes the buffer freed last among the kept ones of its size up to twice it, not the
+// last one of its exact size: a tensor that just died is likeliest still in the caches, and the
+// next output overwrites it there (what an inference engine's memory plan does, one arena for
+// tensors whose lifetimes do not overlap). Measured on Zen 4, 2 threads, paired in one process:
+// MobileNetV2 3-10% faster (3.6-4.4 ms a call), ResNet-50, BERT-base, ViT-B/16, LLD6 and
+// XML-CNN unchanged (0.99-1.01). A buffer may thus hold up to twice the bytes its tensor needs.
 constexpr size_t kHugePage = size_t(2) << 20;
 constexpr size_t kLargeFrom = size_t(64) << 10;  // sizes from here in 64 KiB steps, below in powers of two
 constexpr size_t kPooledFrom = size_t(1) << 10;
+constexpr size_t kReuseUpTo = 2;  // a request may take a kept buffer up to this many times its size
 #ifdef __SANITIZE_ADDRESS__
 constexpr bool kPoolAllowed = false;  // AddressSanitizer sees every free (a kept buffer would hide a use after free)
 #else
@@ -97,13 +106,19 @@ class BufferPool {
     size_t rounded = round(size);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = by_size_.find(rounded);
-      if (it != by_size_.end() && !it->second.empty()) {
-        auto kept = it->second.back();  // the last one freed: the likeliest still in the caches
-        it->second.pop_back();
-        void* p = kept->second;
+      // The buffer freed last among those of this size up to kReuseUpTo times it: the likeliest
+      // still in the caches (a dead tensor's lines, written over before they leave them).
+      auto best = by_size_.end();
+      const size_t largest = rounded * kReuseUpTo;
+      for (auto it = by_size_.lower_bound(rounded); it != by_size_.end() && it->first <= largest; ++it)
+        if (best == by_size_.end() || it->second.back()->stamp > best->second.back()->stamp) best = it;
+      if (best != by_size_.end()) {
+        auto kept = best->second.back();
+        best->second.pop_back();
+        if (best->second.empty()) by_size_.erase(best);  // only sizes with kept buffers are listed
+        void* p = kept->p;
+        pooled_bytes_ -= kept->size;
         kept_.erase(kept);
-        pooled_bytes_ -= rounded;
         publish();
         return p;
       }
@@ -132,7 +147,7 @@ class BufferPool {
       } else {
         const size_t size = it->second;
         evict_until(limit_ - size, released);
-        kept_.emplace_back(size, p);
+        kept_.push_back({size, p, ++stamp_});
         by_size_[size].push_back(std::prev(kept_.end()));
         pooled_bytes_ += size;
         publish();
@@ -163,7 +178,12 @@ class BufferPool {
   }
 
  private:
-  using Kept = std::list<std::pair<size_t, void*>>;  // (rounded size, buffer), the earliest kept first
+  struct KeptBuffer {
+    size_t size;     // rounded
+    void* p;
+    uint64_t stamp;  // when kept: later ones larger
+  };
+  using Kept = std::list<KeptBuffer>;  // the earliest kept first
 
   static size_t round(size_t size) {
     if (size < kLargeFrom) return std::bit_ceil(size);
@@ -184,9 +204,10 @@ class BufferPool {
   // Drops kept buffers, the earliest kept first, until at most `bytes` are kept (mutex_ held).
   void evict_until(size_t bytes, std::vector<void*>& released) {
     while (!kept_.empty() && pooled_bytes_ > bytes) {
-      auto [size, p] = kept_.front();
-      auto& same = by_size_.at(size);
-      same.erase(same.begin());  // kept_ and each by_size_ list are in the order buffers were kept
+      auto [size, p, stamp] = kept_.front();
+      auto same = by_size_.find(size);
+      same->second.pop_front();  // kept_ and each by_size_ list are in the order buffers were kept
+      if (same->second.empty()) by_size_.erase(same);
       kept_.pop_front();
       size_of_.erase(p);
       pooled_bytes_ -= size;
@@ -198,7 +219,8 @@ class BufferPool {
 
   std::mutex mutex_;
   Kept kept_;
-  std::unordered_map<size_t, std::deque<Kept::iterator>> by_size_;  // rounded size -> its kept buffers, in kept_'s order
+  std::map<size_t, std::deque<Kept::iterator>> by_size_;  // rounded size -> its kept buffers, in kept_'s order
+  uint64_t stamp_ = 0;
   std::unordered_map<void*, size_t> size_of_;                       // every pooled buffer, in use or kept
   size_t pooled_bytes_ = 0;
   size_t limit_ = kPoolAllowed ? initial_limit() : 0;
