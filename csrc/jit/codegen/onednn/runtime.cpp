@@ -70,8 +70,10 @@ void init_constant_cache() {
 // last one of its exact size: a tensor that just died is likeliest still in the caches, and the
 // next output overwrites it there (what an inference engine's memory plan does, one arena for
 // tensors whose lifetimes do not overlap). Measured on Zen 4, 2 threads, paired in one process:
-// MobileNetV2 3-10% faster (3.6-4.4 ms a call), ResNet-50, BERT-base, ViT-B/16, LLD6 and
-// XML-CNN unchanged (0.99-1.01). A buffer may thus hold up to twice the bytes its tensor needs.
+// MobileNetV2 7% faster while the shared machine was quiet (3.6-4.4 ms a call), 0-4% slower in
+// its busy spans (4.6-5.5 ms); ResNet-50, BERT-base, ViT-B/16, LLD6 and XML-CNN unchanged
+// (0.99-1.01). Up to 4x instead: 7-10% quiet, 9% slower busy. A buffer may thus hold up to twice
+// the bytes its tensor needs.
 constexpr size_t kHugePage = size_t(2) << 20;
 constexpr size_t kLargeFrom = size_t(64) << 10;  // sizes from here in 64 KiB steps, below in powers of two
 constexpr size_t kPooledFrom = size_t(1) << 10;
