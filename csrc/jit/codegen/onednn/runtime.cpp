@@ -206,7 +206,8 @@ class BufferPool {
   // Drops kept buffers, the earliest kept first, until at most `bytes` are kept (mutex_ held).
   void evict_until(size_t bytes, std::vector<void*>& released) {
     while (!kept_.empty() && pooled_bytes_ > bytes) {
-      auto [size, p, stamp] = kept_.front();
+      const size_t size = kept_.front().size;
+      void* p = kept_.front().p;
       auto same = by_size_.find(size);
       same->second.pop_front();  // kept_ and each by_size_ list are in the order buffers were kept
       if (same->second.empty()) by_size_.erase(same);
@@ -223,7 +224,7 @@ class BufferPool {
   Kept kept_;
   std::map<size_t, std::deque<Kept::iterator>> by_size_;  // rounded size -> its kept buffers, in kept_'s order
   uint64_t stamp_ = 0;
-  std::unordered_map<void*, size_t> size_of_;                       // every pooled buffer, in use or kept
+  std::unordered_map<void*, size_t> size_of_;             // every pooled buffer, in use or kept
   size_t pooled_bytes_ = 0;
   size_t limit_ = kPoolAllowed ? initial_limit() : 0;
 
