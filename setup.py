@@ -14,12 +14,23 @@ from setuptools.command.build_py import build_py
 from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-GENERATED = os.path.join(ROOT, "build", "generated")
+# Everything built depends on the torch it is built against: one build tree per torch version, so
+# venvs of several torches (make test TORCH=...) share a checkout without mixing objects.
+TORCH_BUILD = "torch" + torch.__version__
+GENERATED = os.path.join(ROOT, "build", TORCH_BUILD, "generated")
+# The torch release this build requires: the public version (2.13.0 also admits 2.13.0+cpu, the same
+# source built without CUDA).
+TORCH_RELEASE = torch.__version__.split("+")[0]
 
 sys.path.insert(0, os.path.join(ROOT, "csrc", "onednn"))
 import gen_stubs  # noqa: E402
 
 gen_stubs.main(include_paths()[0], os.path.join(GENERATED, "onednn_functions.inc"))
+# The torch this build is for, compiled into the library (csrc/build_info.cpp), where
+# torch_llga/_build.py reads it before loading the library: another torch gets one sentence.
+gen_stubs.write_if_changed(os.path.join(GENERATED, "build_info.h"),
+                           f'#define TORCH_LLGA_BUILT_FOR_TORCH "{torch.__version__}"\n'
+                           f'#define TORCH_LLGA_BUILT_FOR_TORCH_GIT "{torch.version.git_version}"\n')
 
 
 def sources():
@@ -45,10 +56,11 @@ SANITIZE = os.environ.get("TORCH_LLGA_SANITIZE") == "1"
 if SANITIZE:
     sanitize = ["-fsanitize=address,undefined", "-fno-sanitize=vptr"]
     compile_args, link_args = ["-O1", "-g1", "-fno-omit-frame-pointer", "-fno-wrapv", *sanitize], [*sanitize, *openmp_link]
-    build_dirs = {"build_temp": "build/temp-sanitize", "build_lib": "build/lib-sanitize"}
+    mode = "-sanitize"
 else:
     compile_args, link_args = ["-O2", "-g0"], ["-s", *openmp_link]
-    build_dirs = {}
+    mode = ""
+build_dirs = {"build_temp": f"build/{TORCH_BUILD}/temp{mode}", "build_lib": f"build/{TORCH_BUILD}/lib{mode}"}
 
 # Tools run from a checkout (python -m torch_llga.bench, .check_models, .demo, .layer_times); the wheel ships
 # the library and its CLI only.
@@ -82,4 +94,7 @@ setup(
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "build_py": BuildPyWithoutTools},
     options={"build_ext": build_dirs},
     python_requires=">=3.10",
+    # The library is bound to the torch it was compiled against (its C++ ABI and operator symbols):
+    # pip keeps the wheel to that torch release.
+    install_requires=[f"torch=={TORCH_RELEASE}"],
 )

@@ -3,7 +3,7 @@ autocast pass off), run as bf16 partitions with the casts at their borders."""
 import pytest
 import torch
 import torch.nn as nn
-import torchvision
+from resnet import resnet18
 
 import torch_llga
 
@@ -22,7 +22,7 @@ def jit_autocast_off():
 
 
 def test_model_cast_to_bf16():
-    model = torchvision.models.resnet18().eval().to(torch.bfloat16)
+    model = resnet18().eval().to(torch.bfloat16)
     x = torch.randn(1, 3, 64, 64, dtype=torch.bfloat16)
     fused = check(model, x, **BF16, groups=SOME)
     assert len(fused.groups) >= 10 and ["_convolution", "add", "relu"] in fused.groups
@@ -30,7 +30,7 @@ def test_model_cast_to_bf16():
 
 
 def test_model_traced_under_autocast(jit_autocast_off):
-    model = torchvision.models.resnet18().eval().requires_grad_(False)  # autocast's casts of
+    model = resnet18().eval().requires_grad_(False)  # autocast's casts of
     x = torch.randn(1, 3, 64, 64)                                        # grad params cannot be constants
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         expected = model(x)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 import torch.utils
-import torchvision
+from resnet import resnet18
 
 from conftest import fusion_groups
 from torch_llga.bench_models import MODELS
@@ -41,7 +41,7 @@ def built(tmp_path_factory):
     cmake("--build", str(tmp / "example"))
     model = tmp / "resnet18.pt"
     with torch.no_grad():
-        torch.jit.freeze(torch.jit.trace(torchvision.models.resnet18().eval(), torch.rand(1, 3, 64, 64))).save(str(model))
+        torch.jit.freeze(torch.jit.trace(resnet18().eval(), torch.rand(1, 3, 64, 64))).save(str(model))
         # A model small enough for a small-graph plan, its inputs and eager's output.
         small, inputs = MODELS["deep_and_wide_64"](1)
         small_model = tmp / "deep_and_wide.pt"

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torchvision
+from resnet import resnet18
 from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig_mapping
 from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
 from torch.ao.quantization.quantize_fx import convert_to_reference_fx, prepare_fx
@@ -242,7 +242,7 @@ def test_other_batch_size(policy):
 @pytest.mark.parametrize("exact", ["1", "0"])
 def test_resnet18_int8(exact, monkeypatch):
     monkeypatch.setenv("TORCH_LLGA_INT8_EXACT", exact)
-    model = torchvision.models.resnet18().eval()
+    model = resnet18().eval()
     x = torch.rand(1, 3, 64, 64)
     with torch.no_grad():
         fp32 = model(x)

@@ -400,7 +400,7 @@ def test_squeeze_excitation_hardsigmoid(shape):
     # mul, which oneDNN can only run as a slow binary primitive of its own, stays in PyTorch
     # (test_squeeze_excitation_scale_runs_in_pytorch_on_channels_last). The global average pool is
     # a group too: in a network its input is a conv's output, read in oneDNN's layout.
-    from torchvision.ops import SqueezeExcitation
+    SqueezeExcitation = pytest.importorskip("torchvision.ops", reason="no torchvision release for this torch").SqueezeExcitation
 
     block = SqueezeExcitation(shape[1], 24, scale_activation=nn.Hardsigmoid)
     fused = check(block, torch.randn(*shape),

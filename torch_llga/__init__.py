@@ -13,7 +13,10 @@ import contextlib
 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
-from . import _C
+from . import _build
+
+_build.check()  # before the library loads: a build for another torch fails here, in one sentence
+from . import _C  # noqa: E402
 
 __all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "config", "set_shape_policy", "shape_policy",
            "set_cache_capacity", "cache_capacity", "set_buffer_pool_limit", "buffer_pool_limit", "release", "explain"]

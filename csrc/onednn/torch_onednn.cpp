@@ -34,10 +34,13 @@ namespace {
 [[noreturn]] void unresolved();
 }
 
-// One pointer slot per function, first aimed at unresolved().
-#define X(name) extern "C" __attribute__((visibility("hidden"))) void* llga_slot_##name = (void*)&unresolved;
+// One pointer slot per function, first aimed at unresolved(). (In a linkage block, not `extern "C"
+// void* x = ...`: that form is an extern declaration with an initializer, which GCC warns about.)
+extern "C" {
+#define X(name) __attribute__((visibility("hidden"))) void* llga_slot_##name = (void*)&unresolved;
 #include "onednn_functions.inc"
 #undef X
+}
 
 // The stubs: each C API name, defined hidden here, jumps through its slot (arguments untouched).
 #define X(name)                                                                  \
@@ -182,10 +185,20 @@ std::string resolve(std::vector<void*>& addresses) {
   size_t n_missing = 0;
   for (size_t i = 0; i < fns.size(); ++i)
     if (!value[i] && n_missing++ < 3) missing += std::string(missing.empty() ? "" : ", ") + fns[i].name;
-  if (n_missing)
-    return "torch_llga expected oneDNN " + header_version() + " with its Graph API inside " + path + " and found " +
-           std::to_string(n_missing) + " of its " + std::to_string(fns.size()) + " functions missing (" + missing +
-           (n_missing > 3 ? ", ..." : "") + "): a torch built without oneDNN Graph? " + kRebuild;
+  if (n_missing) {
+    // Name the oneDNN that is there (dnnl_version exists in every release): an older one lacks
+    // functions of a newer one's headers; a torch built without the Graph API lacks all of them.
+    std::string found = "a oneDNN";
+    auto at = wanted.find("dnnl_version");
+    if (at != wanted.end() && value[at->second]) {
+      using VersionFn = const dnnl_version_t* (*)();
+      const dnnl_version_t* v = reinterpret_cast<VersionFn>(loaded.base + value[at->second])();
+      found = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+    }
+    return "torch_llga was built for oneDNN " + header_version() + " and " + path + " holds " + found + " lacking " +
+           std::to_string(n_missing) + " of the " + std::to_string(fns.size()) + " functions it uses (" + missing +
+           (n_missing > 3 ? ", ..." : "") + "; a torch built without oneDNN Graph lacks them all): " + kRebuild;
+  }
   addresses.resize(fns.size());
   for (size_t i = 0; i < fns.size(); ++i) addresses[i] = reinterpret_cast<void*>(loaded.base + value[i]);
   return "";

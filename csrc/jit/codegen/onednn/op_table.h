@@ -30,7 +30,8 @@ struct OpSpec {
 
   OpSpec& in(Value* v) { inputs.push_back(v); return *this; }
   template <typename T>
-  OpSpec& attr(op::attr a, T v) { attrs.emplace_back(a, AttrValue(std::move(v))); return *this; }
+  OpSpec& attr(op::attr a, T v) { attrs.emplace_back(a, std::move(v)); return *this; }  // no variant temporary:
+  // moving one that holds a vector makes GCC 12 warn -Wmaybe-uninitialized (a false positive)
 };
 
 enum OpFlags : unsigned {
