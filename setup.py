@@ -28,7 +28,7 @@ import gen_stubs  # noqa: E402
 gen_stubs.main(include_paths()[0], os.path.join(GENERATED, "onednn_functions.inc"))
 # The torch this build is for, compiled into the library (csrc/build_info.cpp), where
 # torch_llga/_build.py reads it before loading the library: another torch gets one sentence.
-gen_stubs.write_if_changed(os.path.join(GENERATED, "build_info.h"),
+gen_stubs.write_if_changed(os.path.join(GENERATED, "built_for_torch.h"),
                            f'#define TORCH_LLGA_BUILT_FOR_TORCH "{torch.__version__}"\n'
                            f'#define TORCH_LLGA_BUILT_FOR_TORCH_GIT "{torch.version.git_version}"\n')
 

@@ -1,9 +1,12 @@
-// The torch this library was compiled against, as one string in its read-only data. The Python
-// package reads it from the file before loading the library (torch_llga/_build.py): a torch of
-// another release numbers its aten symbols differently and exports other C++ symbols, so loading
-// this library into it would match the wrong ops or fail with a loader error.
-#if __has_include("build_info.h")
-#include "build_info.h"  // setup.py: torch.__version__ and torch.version.git_version
+// The torch this library was compiled against: a string in its read-only data, which the Python
+// package reads from the file before loading the library (torch_llga/_build.py), and a check at
+// load that the running torch numbers its operator symbols the same (build_info.h).
+#include "build_info.h"
+
+#include <ATen/core/interned_strings.h>
+
+#if __has_include("built_for_torch.h")
+#include "built_for_torch.h"  // setup.py: torch.__version__ and torch.version.git_version
 #else
 #include <torch/headeronly/version.h>  // the CMake build for libtorch programs: the release only
 #define TORCH_LLGA_BUILT_FOR_TORCH TORCH_VERSION
@@ -11,7 +14,28 @@
 #endif
 
 namespace llga {
+
 // Kept by `used` although nothing refers to it; stripping leaves .rodata alone.
 [[gnu::used]] extern const char kBuiltForTorch[] =
     "torch_llga built for torch " TORCH_LLGA_BUILT_FOR_TORCH " git " TORCH_LLGA_BUILT_FOR_TORCH_GIT ";";
+
+const std::string& torch_mismatch() {
+  // Every symbol torch's headers name: each compiled-in number against the running torch's own
+  // (about 2,000 hash lookups, once).
+  static const std::string error = [] {
+    size_t differ = 0;
+    std::string first;
+#define CHECK(ns, s)                                                      \
+  if (c10::Symbol::fromQualString(#ns "::" #s) != c10::ns::s && !differ++) \
+    first = #ns "::" #s;
+    FORALL_NS_SYMBOLS(CHECK)
+#undef CHECK
+    if (!differ) return std::string();
+    return "torch_llga was built for torch " TORCH_LLGA_BUILT_FOR_TORCH " and the running torch numbers " +
+           std::to_string(differ) + " of its operator symbols differently (" + first +
+           ", ...): rebuild torch_llga against this torch";
+  }();
+  return error;
+}
+
 }  // namespace llga

@@ -6,11 +6,14 @@
 #include "jit/codegen/onednn/fusion_kernel.h"
 #include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/runtime.h"
+#include "build_info.h"
 #include "onednn/torch_onednn.h"
 
 PYBIND11_MODULE(_C, m) {
   // torch's oneDNN could not be bound (see torch_onednn.h): the import fails with the reason.
   if (!llga::onednn::load_error().empty()) throw pybind11::import_error(llga::onednn::load_error());
+  // Reached only past torch_llga/_build.py's check of the recorded torch (a library loaded by hand).
+  if (!llga::torch_mismatch().empty()) throw pybind11::import_error(llga::torch_mismatch());
   if (auto error = llga::runtime::buffer_pool_env_error(); !error.empty()) throw pybind11::import_error(error);
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
@@ -60,4 +63,12 @@ PYBIND11_MODULE(_C, m) {
     m.def(name, [pass](std::shared_ptr<torch::jit::Graph> g) { pass(g); });
   m.def("_onednn_version", &llga::onednn::version);
   m.def("_onednn_library", [] { return llga::onednn::library_path(); });
+  m.def("_onednn_cpu", [] {
+    const auto& cpu = llga::onednn::cpu();
+    pybind11::dict d;
+    d["isa"] = cpu.isa;
+    d["int8_vnni"] = cpu.int8_vnni;
+    d["bf16"] = cpu.bf16;
+    return d;
+  });
 }

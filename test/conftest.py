@@ -15,6 +15,15 @@ warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
 
 FP32 = dict(rtol=1e-5, atol=1e-5)
 
+# What oneDNN's kernels can do on this CPU: without bf16 kernels (AVX2 without VNNI-2) bf16 ops stay
+# in PyTorch; without VNNI int8 weights do (quirks::int8_without_vnni). Tests that expect such
+# partitions need them.
+CPU = torch_llga._C._onednn_cpu()
+requires_bf16_kernels = pytest.mark.skipif(not CPU["bf16"], reason=f"oneDNN has no bf16 kernels on this CPU ({CPU['isa']})")
+requires_int8_kernels = pytest.mark.skipif(not CPU["int8_vnni"],
+                                           reason=f"oneDNN's int8 kernels lack VNNI on this CPU ({CPU['isa']}): int8 runs in fp32")
+BF16 = pytest.param(torch.bfloat16, marks=requires_bf16_kernels, id="bfloat16")
+
 
 @pytest.fixture(autouse=True)
 def small_plans_only_where_marked(request):

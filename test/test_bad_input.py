@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import torch_llga
 
-from conftest import FP32, check, SOME
+from conftest import FP32, check, SOME, BF16
 
 
 def conv_net():
@@ -17,7 +17,7 @@ def conv_net():
                          nn.Hardtanh(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4), nn.ReLU()).eval()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_nan_and_inf_propagate_like_eager(dtype, value):
     # oneDNN's ReLU, Clamp and max-pool would turn NaN into numbers: such inputs run unfused.
@@ -134,7 +134,7 @@ class LinearAdd(nn.Module):
         return self.linear(x) + residual
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_nan_and_inf_through_arithmetic_groups_run_fused(dtype, value):
     # Matmul, bias and add carry NaN/Inf as eager does: such groups skip the input scan.

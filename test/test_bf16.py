@@ -7,7 +7,7 @@ from resnet import resnet18
 
 import torch_llga
 
-from conftest import check, SOME
+from conftest import check, SOME, requires_bf16_kernels
 
 # bf16 keeps 8 bits of mantissa: one rounding is ~0.4% relative, and fused kernels round at other
 # points than eager's op-by-op kernels (accumulation stays fp32 in both).
@@ -21,6 +21,7 @@ def jit_autocast_off():
     torch._C._jit_set_autocast_mode(previous)
 
 
+@requires_bf16_kernels
 def test_model_cast_to_bf16():
     model = resnet18().eval().to(torch.bfloat16)
     x = torch.randn(1, 3, 64, 64, dtype=torch.bfloat16)
@@ -29,6 +30,7 @@ def test_model_cast_to_bf16():
     assert fused.output.dtype == torch.bfloat16
 
 
+@requires_bf16_kernels
 def test_model_traced_under_autocast(jit_autocast_off):
     model = resnet18().eval().requires_grad_(False)  # autocast's casts of
     x = torch.randn(1, 3, 64, 64)                                        # grad params cannot be constants
@@ -79,6 +81,7 @@ class DenseLayerHead(nn.Module):
         return torch.relu(self.norm(torch.cat([a, b], 1)))
 
 
+@requires_bf16_kernels
 def test_bf16_batch_norm_with_fp32_statistics():
     a, b = (torch.randn(1, 16, 14, 14, dtype=torch.bfloat16) for _ in range(2))
     fused = check(DenseLayerHead(), a, b, groups=[["batch_norm", "relu"]], **BF16)  # cat: too small alone
@@ -97,6 +100,7 @@ class ResidualLayerNorm(nn.Module):
         return self.norm(self.dense(x) + x)
 
 
+@requires_bf16_kernels
 def test_bf16_layer_norm_is_fused():
     # oneDNN forms no partition of a bf16 LayerNorm with bf16 weights; DecomposeOps gives it fp32
     # copies of the frozen ones (PyTorch widens them to fp32 itself: the same values).

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import torch_llga
 import torch_llga.dynamo
 
-from conftest import FP32, ConvNet
+from conftest import FP32, ConvNet, requires_bf16_kernels
 
 
 @pytest.fixture(autouse=True)
@@ -124,6 +124,7 @@ def test_grad_mode_with_trainable_weights_runs_eager():
 BF16 = dict(rtol=3e-2, atol=3e-2)  # as test_bf16.py: bf16 rounds at other points than eager
 
 
+@requires_bf16_kernels
 def test_bf16_model_and_autocast():
     x = torch.randn(1, 3, 16, 16)
     model = ConvNet().eval()

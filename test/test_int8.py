@@ -26,7 +26,7 @@ from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObser
 from torch.ao.quantization.quantize_fx import convert_to_reference_fx, prepare_fx
 
 import torch_llga
-from conftest import Fused, check, SOME
+from conftest import CPU, Fused, check, requires_int8_kernels, SOME
 
 # torch.ao.quantization and quantized tensors are deprecated in torch 2.14 (with warnings); they work.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -106,6 +106,7 @@ def within_steps(reference, n):
     return dict(rtol=0, atol=n * output_step(reference) * 1.0001)
 
 
+@requires_int8_kernels
 def test_small_cnn_int8_patterns():
     x = torch.randn(2, 3, 16, 16)
     ref = quantized(SmallCNN(), x)
@@ -125,6 +126,7 @@ def test_small_cnn_int8_patterns():
     assert fused.graph.findAllNodes("quantized::add_relu", True)
 
 
+@requires_int8_kernels
 def test_default_keeps_every_requantization():
     # The conv's output is requantized before the residual add, as in the reference; the add (no int8
     # add partition in oneDNN, 3.12 included) is PyTorch's int8 add_relu, one pass instead of
@@ -137,6 +139,7 @@ def test_default_keeps_every_requantization():
     assert "add" not in fused.unfused and len(fused.graph.findAllNodes("quantized::add_relu", True)) == 1
 
 
+@requires_int8_kernels
 def test_fast_mode_adds_residuals_as_post_ops(monkeypatch):
     # TORCH_LLGA_INT8_EXACT=0: the conv's output goes to the add unrequantized, and the add joins the
     # conv's int8 kernel as a post-op: one step off the reference here.
@@ -163,6 +166,7 @@ class InvertedResidual(nn.Module):
         return self.project(self.depthwise(self.expand(x)))
 
 
+@requires_int8_kernels
 def test_relu6_joins_its_conv():
     # FX observes ReLU6 apart from its conv: quantize -> dequantize -> hardtanh -> quantize, both
     # quantizes with the same parameters. The pair is dropped (prepare_quantization.cpp: the same codes)
@@ -176,6 +180,7 @@ def test_relu6_joins_its_conv():
     assert sorted(fused.unfused) == ["dequantize", "quantize_per_tensor"], fused.unfused
 
 
+@requires_int8_kernels
 def test_mlp_int8():
     x = torch.randn(4, 64)
     ref = quantized(mlp(), x)
@@ -184,6 +189,7 @@ def test_mlp_int8():
         ["dequantize", "dequantize", "linear", "quantize_per_tensor"]]
 
 
+@requires_int8_kernels
 def test_per_tensor_weights():
     qconfig = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8),
                       weight=MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric))
@@ -191,6 +197,21 @@ def test_per_tensor_weights():
     ref = quantized(mlp(), x, QConfigMapping().set_global(qconfig))
     fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
     assert len(fused.groups) == 3 and all("linear" in g and "quantize_per_tensor" in g for g in fused.groups)
+
+
+def test_int8_weights_without_vnni_run_in_fp32():
+    # Without VNNI, oneDNN's int8 kernels add u8 x s8 products in saturating 16-bit pairs: with
+    # activations over all 8 bits (no reduce_range) a linear came out 14-53 steps off. There the
+    # int8 weights stay PyTorch's and the linears run fused in fp32 (quirks::int8_without_vnni).
+    qconfig = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8),
+                      weight=MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric))
+    x = torch.randn(4, 64)
+    ref = quantized(mlp(), x, QConfigMapping().set_global(qconfig))
+    fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
+    assert sum(g.count("linear") for g in fused.groups) == 3
+    groups = fused.graph.findAllNodes("llga::FusionGroup", True)
+    int8_weights = [zp for g in groups for zp in weight_zero_points(g.g("Subgraph"))]
+    assert len(int8_weights) == (3 if CPU["int8_vnni"] else 0)
 
 
 @pytest.mark.parametrize("weight_qscheme", [torch.per_channel_affine, torch.per_tensor_affine])
@@ -213,6 +234,7 @@ def test_asymmetric_weights_stay_fp32(weight_qscheme):
     assert in_pytorch and all(zp.ne(0).any() for zp in in_pytorch)  # the others in PyTorch
 
 
+@requires_int8_kernels
 @pytest.mark.parametrize("policy", ["compile", "fallback"])
 def test_other_batch_size(policy):
     # "compile": the int8 groups compile for the new sizes (quantized outputs come back contiguous);
@@ -239,6 +261,7 @@ def test_other_batch_size(policy):
         assert after["guard_failures"] > before["guard_failures"]
 
 
+@requires_int8_kernels
 @pytest.mark.parametrize("exact", ["1", "0"])
 def test_resnet18_int8(exact, monkeypatch):
     monkeypatch.setenv("TORCH_LLGA_INT8_EXACT", exact)
@@ -268,6 +291,7 @@ def test_resnet18_int8(exact, monkeypatch):
     assert "linear" in ops and "max_pool2d" in ops
 
 
+@requires_int8_kernels
 def test_int8_kernels_are_not_reference_ones():
     # A channels-last int8 tensor with N = 1 once reached oneDNN with an N stride that made it read
     # the layout as "cdab": int8 max-pool then ran its reference kernel (ResNet-18 int8 3x slower).

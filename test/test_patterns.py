@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch_llga
 
-from conftest import PER_HEAD_BIAS_MODEL, FP32, Fused, check, opaque_outputs, SOME
+from conftest import PER_HEAD_BIAS_MODEL, FP32, Fused, check, opaque_outputs, SOME, BF16, CPU, requires_bf16_kernels
 
 
 class ConvBnRelu(nn.Module):
@@ -203,6 +203,7 @@ def test_softmax_binary_post_ops(operand):
         torch.testing.assert_close(fused(x2, b), fn(x2, b), **FP32)
 
 
+@requires_bf16_kernels
 def test_bf16_batch_norm_only_after_conv():
     # oneDNN v3.2 ran a bf16 batch norm after a matmul reading its bf16 statistics as f32: garbage
     # (found by fuzzing). 3.12 forms no such partition. After a conv it is folded in correctly.
@@ -265,9 +266,10 @@ def test_one_row_matmul_then_full_size_add_stays_in_pytorch():
     check(lambda a, r: r + fc(a), torch.randn(1, 1, 2048), torch.randn(1, 1, 1000), groups=[["linear"]])
     check(lambda a, b: torch.matmul(a, w) + b, torch.randn(1, 2048), torch.randn(1000), groups=[["matmul"]])
     # bf16 runs another kernel, which is right: its add fuses (rounding of outputs around 1)
-    fc16 = nn.Linear(2048, 1000).requires_grad_(False).bfloat16()
-    check(lambda a, r: fc16(a) + r, torch.randn(1, 2048).bfloat16(), torch.randn(1, 1000).bfloat16(),
-          groups=[["linear", "add"]], rtol=1.6e-2, atol=1e-2)
+    if CPU["bf16"]:
+        fc16 = nn.Linear(2048, 1000).requires_grad_(False).bfloat16()
+        check(lambda a, r: fc16(a) + r, torch.randn(1, 2048).bfloat16(), torch.randn(1, 1000).bfloat16(),
+              groups=[["linear", "add"]], rtol=1.6e-2, atol=1e-2)
     fused = check(lambda a, r: fc(a) + r, torch.randn(4, 2048), torch.randn(4, 1000), groups=[["linear", "add"]])
     # traced with four rows, called with one
     a, r = torch.randn(1, 2048), torch.randn(1, 1000)
@@ -553,7 +555,7 @@ def test_sdpa_at_another_dtype_runs_its_fallback_right(scale):
     torch.testing.assert_close(fused(*args), fn(*args), rtol=1.6e-2, atol=1e-2)  # bf16 rounding
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_sdpa_of_strided_views_is_one_partition(dtype):
     # oneDNN's kernel wins even after the views are copied (ViT's shape, bf16: 0.58 against 1.26 ms;
     # fp32: ViT-B/16 1.06x).
@@ -717,7 +719,7 @@ class ImageStem(nn.Module):
         return F.relu6(self.conv(x))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("shape", [(1, 3, 32, 32), (2, 3, 20, 28), (2, 1, 16, 16), (1, 4, 9, 9)])
 def test_image_input_goes_to_onednn_channels_last(shape, dtype):
     # A 1-4 channel NCHW image only a conv reads is handed to oneDNN channels-last (kernel.cpp,
@@ -843,6 +845,7 @@ def test_permuted_output_with_a_size_one_dim(all_partitions):
     check(fn, torch.randn(1, 2, 1), freeze=False, groups=[["linear", "permute"], ["abs"], ["add", "log"]])
 
 
+@requires_bf16_kernels
 def test_dilated_size_one_kernel_bf16():
     # oneDNN 3.12 segfaulted on this bf16 conv1d (size-1 kernel, dilation 2, stride 2; found by
     # fuzzing): the dilation of a size-1 kernel dim, which changes nothing, goes to oneDNN as 1.

@@ -8,7 +8,7 @@ import torch_llga
 from torch_llga.bench_models import MODELS
 from torch_llga.report import small_plans
 
-from conftest import FP32, Fused, run_in_threads
+from conftest import FP32, Fused, run_in_threads, requires_bf16_kernels
 
 pytestmark = pytest.mark.small_plan
 
@@ -278,6 +278,7 @@ def test_bf16_graph_with_an_fp32_input_is_no_plan():
     torch.testing.assert_close(fused(x, y), f(x, y), **FP32)
 
 
+@requires_bf16_kernels
 def test_bf16_mlp_at_batch_1_goes_to_onednn():
     """bf16's one-row limit is lower (small_plan.h): oneDNN's bf16 dot products read half the bytes."""
     model, inputs = bf16(*MODELS["mlp"](1))

@@ -10,6 +10,9 @@ import re
 import sys
 
 HEADERS = ("dnnl_common.h", "dnnl_graph.h")
+# From the primitive API's header, only what torch_llga asks of it: the instruction set oneDNN's
+# kernels use (quirks that depend on the CPU, and what the tests may expect to fuse).
+EXTRA = {"dnnl.h": ("dnnl_get_effective_cpu_isa",)}
 # `dnnl_status_t DNNL_API dnnl_engine_create(` and `const dnnl_version_t DNNL_API *dnnl_version(`
 DECLARATION = re.compile(r"DNNL_API\s*\**\s*(dnnl_\w+)\s*\(")
 
@@ -19,6 +22,10 @@ def functions(include_dir):
     for header in HEADERS:
         with open(os.path.join(include_dir, "oneapi", "dnnl", header)) as f:
             names += DECLARATION.findall(f.read())
+    for header, wanted in EXTRA.items():
+        with open(os.path.join(include_dir, "oneapi", "dnnl", header)) as f:
+            declared = set(DECLARATION.findall(f.read()))
+        names += [n for n in wanted if n in declared]
     return sorted(set(names))
 
 

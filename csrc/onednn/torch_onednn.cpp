@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_common.h>
 #include <oneapi/dnnl/dnnl_config.h>
 #include <oneapi/dnnl/dnnl_version.h>
@@ -232,6 +233,31 @@ std::string version() {
   if (!load_error().empty()) return "";
   const dnnl_version_t* v = dnnl_version();
   return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
+const Cpu& cpu() {
+  static const Cpu cpu = [] {
+    Cpu c;
+    if (!load_error().empty()) return c;
+    // The ISA values are nested bit sets: each includes the bits of those it extends.
+    auto has = [isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa())](dnnl_cpu_isa_t want) {
+      return want != dnnl_cpu_isa_default && (isa & want) == static_cast<unsigned>(want);
+    };
+    const std::pair<dnnl_cpu_isa_t, const char*> names[] = {
+        {dnnl_cpu_isa_avx10_1_512_amx_fp16, "avx512_core_amx_fp16"}, {dnnl_cpu_isa_avx10_1_512_amx, "avx512_core_amx"},
+        {dnnl_cpu_isa_avx10_1_512, "avx512_core_fp16"}, {dnnl_cpu_isa_avx512_core_bf16, "avx512_core_bf16"},
+        {dnnl_cpu_isa_avx512_core_vnni, "avx512_core_vnni"}, {dnnl_cpu_isa_avx512_core, "avx512_core"},
+        {dnnl_cpu_isa_avx2_vnni_2, "avx2_vnni_2"}, {dnnl_cpu_isa_avx2_vnni, "avx2_vnni"}, {dnnl_cpu_isa_avx2, "avx2"},
+        {dnnl_cpu_isa_avx, "avx"}, {dnnl_cpu_isa_sse41, "sse41"}};
+    c.isa = "default";
+    for (const auto& [isa, name] : names)
+      if (has(isa)) { c.isa = name; break; }
+    c.int8_vnni = has(dnnl_cpu_isa_avx2_vnni) || has(dnnl_cpu_isa_avx512_core_vnni);
+    // bf16: AVX-512 (native or emulated) or AVX2 with VNNI-2's bf16 conversions.
+    c.bf16 = has(dnnl_cpu_isa_avx512_core) || has(dnnl_cpu_isa_avx2_vnni_2);
+    return c;
+  }();
+  return cpu;
 }
 
 }  // namespace llga::onednn

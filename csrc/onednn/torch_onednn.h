@@ -17,4 +17,15 @@ const std::string& load_error();
 const std::string& library_path();
 std::string version();
 
+// The instruction set oneDNN's CPU kernels use here (its dnnl_get_effective_cpu_isa: the CPU's,
+// capped by ONEDNN_MAX_CPU_ISA), by name ("avx2", "avx512_core_bf16", ...), and what follows for
+// the data types: whether its int8 kernels have VNNI (without it they add u8 x s8 products in
+// saturating 16-bit pairs) and whether it has bf16 kernels at all.
+struct Cpu {
+  std::string isa;
+  bool int8_vnni = false;
+  bool bf16 = false;
+};
+const Cpu& cpu();
+
 }  // namespace llga::onednn

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "jit/codegen/onednn/op_table.h"
+#include "onednn/torch_onednn.h"
 
 namespace llga::quirks {
 
@@ -474,6 +475,19 @@ bool one_channel_unit_width_conv(const Node* conv, const std::vector<int64_t>& s
   auto in = sizes(conv->input(0)), out = sizes(conv->output());
   return x && x->scalarType() == c10::ScalarType::Float && in.size() == 4 && out.size() == 4 && stride.size() == 2 &&
          in[1] == 1 && out[3] == 1 && stride[1] > 1;
+}
+
+// 3.11.2 to 3.13.3, every CPU without VNNI (AVX2, or AVX-512 without VNNI; a KVM guest of an AMD
+// EPYC Zen 4 that hides AVX-512 is one): oneDNN's int8 matmul (gemm:jit) multiplies u8 activations by
+// s8 weights with vpmaddubsw, which adds each pair of products into a saturating 16-bit integer
+// (255 * 127 * 2 > 32767). With activations that use all 8 bits, as PyTorch's observers make them
+// unless reduce_range is set, a quantized linear came out 14-53 output steps off the reference
+// (42 steps at [4, 64] -> 128; exact with reduce_range's 7-bit activations). The int8 weights then
+// stay PyTorch's (dequantized there): the conv or matmul runs in fp32, right, and still fused.
+// test_int8.py::test_int8_weights_without_vnni_run_in_fp32.
+bool int8_without_vnni() {
+  static const bool on = active("int8_without_vnni") && !llga::onednn::cpu().int8_vnni;
+  return on;
 }
 
 // 3.12.0: a bf16 convolution with a size-1 kernel, dilation 2 and stride 2 (conv1d of a [2, 8, 1]

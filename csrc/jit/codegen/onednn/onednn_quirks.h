@@ -31,6 +31,10 @@ bool above_five_dims(const Node* n, const std::vector<torch::jit::Value*>& input
 // fp32 conv2d of one input channel, output width 1, stride along W > 1: an output element unwritten
 bool one_channel_unit_width_conv(const Node* conv, const std::vector<int64_t>& stride);
 
+// op_table.cpp: int8 weights stay PyTorch's (the conv or matmul then runs in fp32) on a CPU whose
+// oneDNN kernels lack VNNI: their u8 x s8 products saturate in 16-bit pairs.
+bool int8_without_vnni();
+
 // op_table.cpp: a convolution's dilation is 1 along its size-1 kernel dims (the same convolution).
 bool dilated_unit_kernel();
 

@@ -348,7 +348,7 @@ bool quantize(const Node* n, OpSpec& s) {
 // A frozen quantized weight: its int data goes to oneDNN as a constant s8 tensor and its quantization
 // parameters become the Dequantize's attributes. oneDNN's int8 kernels take symmetric s8 weights only.
 bool dequantize_weight(const at::Tensor& w, OpSpec& s) {
-  if (w.scalar_type() != c10::kQInt8) return false;
+  if (w.scalar_type() != c10::kQInt8 || quirks::int8_without_vnni()) return false;
   if (w.qscheme() == c10::kPerTensorAffine) return w.q_zero_point() == 0 && per_tensor(s, w.q_scale(), 0);
   // Per channel along dim 0 only: the output channels of conv (OIX) and linear ([out, in]) weights,
   // the one per-channel form oneDNN's int8 kernels take.

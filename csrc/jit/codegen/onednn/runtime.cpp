@@ -1,6 +1,7 @@
 #include "jit/codegen/onednn/runtime.h"
 
 #include "jit/codegen/onednn/onednn_quirks.h"
+#include "build_info.h"
 #include "onednn/torch_onednn.h"
 
 #include <atomic>
@@ -26,7 +27,8 @@ namespace {
 bool enabled_by_environment() {
   const char* env = std::getenv("TORCH_LLGA_ENABLE");
   if (!env || std::strcmp(env, "1") != 0) return false;
-  if (!onednn::load_error().empty()) std::fprintf(stderr, "%s; the fuser stays off\n", onednn::load_error().c_str());
+  for (const std::string* error : {&onednn::load_error(), &torch_mismatch()})
+    if (!error->empty()) std::fprintf(stderr, "%s; the fuser stays off\n", error->c_str());
   return true;
 }
 
@@ -288,7 +290,9 @@ Stats& stats() {
   return s;
 }
 
-bool enabled() { return g_enabled.load(std::memory_order_relaxed) && onednn::load_error().empty(); }
+bool enabled() {
+  return g_enabled.load(std::memory_order_relaxed) && onednn::load_error().empty() && torch_mismatch().empty();
+}
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 bool fuse_all_partitions() { return g_fuse_all_partitions.load(std::memory_order_relaxed); }
 void set_fuse_all_partitions(bool on) { g_fuse_all_partitions.store(on, std::memory_order_relaxed); }
