@@ -4,6 +4,7 @@
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
 #include "jit/codegen/onednn/fusion_kernel.h"
+#include "jit/codegen/onednn/onednn_quirks.h"
 #include "jit/codegen/onednn/passes.h"
 #include "jit/codegen/onednn/runtime.h"
 #include "build_info.h"
@@ -63,6 +64,7 @@ PYBIND11_MODULE(_C, m) {
     m.def(name, [pass](std::shared_ptr<torch::jit::Graph> g) { pass(g); });
   m.def("_onednn_version", &llga::onednn::version);
   m.def("_onednn_library", [] { return llga::onednn::library_path(); });
+  m.def("_quirk_active", [](const std::string& name) { return llga::quirks::enabled(name.c_str()); });
   m.def("_onednn_cpu", [] {
     const auto& cpu = llga::onednn::cpu();
     pybind11::dict d;

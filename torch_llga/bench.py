@@ -330,7 +330,8 @@ def cpu_name():
 
 
 def markdown(rows, backends, args):
-    head = f"{cpu_name()}; torch {torch.__version__}, oneDNN {torch_llga.onednn_version()} (torch's own, for every backend), " \
+    head = f"{cpu_name()} (oneDNN ISA {torch_llga.config()['cpu_isa']}); torch {torch.__version__}, " \
+           f"oneDNN {torch_llga.onednn_version()} (torch's own, for every backend), " \
            f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms over {args.rounds} rounds; " \
            f"ratios: median of per-round ratios, ~ where their middle half spans 1.00x"
     cols = ratio_columns(backends)

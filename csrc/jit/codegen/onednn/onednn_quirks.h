@@ -5,8 +5,10 @@
 // regression test that covers it.
 //
 // TORCH_LLGA_QUIRKS_OFF=name[,name...] (or "all") turns workarounds off, to re-test them on a new
-// oneDNN (`TORCH_LLGA_QUIRKS_OFF=bf16_round pytest test/test_ops.py`); never
-// for production use.
+// oneDNN; never for production use. `python test/quirk_probes.py` runs, per workaround, a probe of
+// the fault itself with the workaround off and on; docs/quirks.md has its results per oneDNN version
+// (3.11.2, 3.12.0, 3.13.3) and CPU. A workaround applies on every version unless its fault was
+// shown gone from one on (kFixedIn in onednn_quirks.cpp).
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <unordered_set>
@@ -14,6 +16,9 @@
 namespace llga::quirks {
 
 using torch::jit::Node;
+
+// Whether the workaround of this name applies here (not switched off, not fixed in this oneDNN).
+bool enabled(const char* name);
 
 // op_table.cpp: mappings refused.
 bool matmul_last_dim_broadcast_post_op(const Node* binary);  // matmul(..) + [.., 1]: wrong (2-D: reference kernel)
