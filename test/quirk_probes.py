@@ -388,16 +388,8 @@ for c, r, hw in [(72, 24, 28), (480, 120, 14)]:
 from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import convert_to_reference_fx, prepare_fx
 
-class SmallCNN(nn.Module):  # test_int8.py's: conv2's residual add reads conv2's own input, y
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.bn, self.relu = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()
-        self.conv2, self.relu2 = nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()
-        self.pool, self.fc = nn.MaxPool2d(2), nn.Linear(16 * 8 * 8, 10)
-    def forward(self, x):
-        y = self.relu(self.bn(self.conv1(x)))
-        z = self.relu2(self.conv2(y) + y)
-        return self.fc(self.pool(z).flatten(1))
+sys.path.insert(0, 'test')
+from test_int8 import SmallCNN  # conv2's residual add reads conv2's own input, y
 
 x = rn(2, 3, 16, 16)
 prepared = prepare_fx(SmallCNN().eval(), get_default_qconfig_mapping("x86"), (x,))
@@ -497,18 +489,8 @@ case("fp32 grouped conv2d([1,4,4,1], w [6,2,3,1]), stride (1,2), dilation (2,2)"
 """, env=MALLOC_CHECK),
     # test_memory.py::test_reloaded_models_use_their_own_weights: load, run, drop; 24 times, 3 models.
     Probe("stale_compiled_partition_cache", "values", """
-class TwoBranches(nn.Module):
-    def __init__(self, seed):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.w1, self.w2 = torch.randn(8, 12, generator=g), torch.randn(4, 8, generator=g)
-        self.w3, self.w4 = torch.randn(8, 12, generator=g), torch.randn(2, 12, generator=g)
-        self.conv = torch.randn(1, 2, 1, generator=g)
-    def forward(self, x):
-        v1 = F.linear(x.contiguous(), self.w1)
-        return (F.conv1d(x, self.conv, padding=1), F.linear(v1, self.w2),
-                torch.tanh(F.linear(x, self.w3)), F.linear(x, self.w4))
-
+sys.path.insert(0, 'test')
+from test_memory import TwoBranches  # linears on a strided input and on each other's output: five groups
 x = (torch.randint(-6, 7, (3, 2, 24)) * 0.5)[..., ::2]
 saved = []
 for seed in range(3):

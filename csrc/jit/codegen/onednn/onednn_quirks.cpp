@@ -1,6 +1,6 @@
 // The oneDNN faults torch_llga works around (see onednn_quirks.h). Each entry: what oneDNN does
-// wrong, the version it was seen on, whether the current one (3.12.0, inside torch 2.14.1) still
-// does it (re-tested with the workaround off), and the test that covers it.
+// wrong, the version it was seen on, and the test that covers it. Which versions still have each
+// fault (3.11.2, 3.12.0, 3.13.3, probed by test/quirk_probes.py): docs/quirks.md.
 //
 // Fixed in 3.12.0 (re-tested with the workaround off; the workaround removed, the test kept):
 // - a binary post-op after softmax with a broadcast operand ([3,5,8] * [1,5,1]) computed garbage
@@ -202,8 +202,8 @@ bool matmul_last_dim_broadcast_post_op(const Node* binary) {
 // threads; a sweep of 810 large-shape cases found no other). Two rows, a sub or a mul after a
 // plain linear, and bf16 (another kernel) were right. Such an fp32 add stays in PyTorch; the
 // kernel asks again at new sizes (a batch of 4 traced may come back as 1).
-// `test/sweep_ref_kernels.py --big` covers it.
-// test_patterns.py::test_one_row_matmul_then_full_size_add_stays_in_pytorch.
+// `test/sweep_ref_kernels.py --big` covers it. 3.11.2 crashes too; 3.13.3 runs the same
+// kernel right (kFixedIn). test_patterns.py::test_one_row_matmul_then_full_size_add_stays_in_pytorch.
 bool one_row_matmul_sum_post_op(const Node* binary) {
   if (!active("one_row_matmul_sum_post_op")) return false;
   const OpEntry* e = find_entry(binary);
