@@ -189,12 +189,17 @@ def test_mlp_int8():
         ["dequantize", "dequantize", "linear", "quantize_per_tensor"]]
 
 
-@requires_int8_kernels
-def test_per_tensor_weights():
+def per_tensor_mlp():
+    """The MLP quantized with per-tensor symmetric weights and activations over all 8 bits, its input."""
     qconfig = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8),
                       weight=MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric))
     x = torch.randn(4, 64)
-    ref = quantized(mlp(), x, QConfigMapping().set_global(qconfig))
+    return quantized(mlp(), x, QConfigMapping().set_global(qconfig)), x
+
+
+@requires_int8_kernels
+def test_per_tensor_weights():
+    ref, x = per_tensor_mlp()
     fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
     assert len(fused.groups) == 3 and all("linear" in g and "quantize_per_tensor" in g for g in fused.groups)
 
@@ -203,10 +208,7 @@ def test_int8_weights_without_vnni_run_in_fp32():
     # Without VNNI, oneDNN's int8 kernels add u8 x s8 products in saturating 16-bit pairs: with
     # activations over all 8 bits (no reduce_range) a linear came out 14-53 steps off. There the
     # int8 weights stay PyTorch's and the linears run fused in fp32 (quirks::int8_without_vnni).
-    qconfig = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8),
-                      weight=MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric))
-    x = torch.randn(4, 64)
-    ref = quantized(mlp(), x, QConfigMapping().set_global(qconfig))
+    ref, x = per_tensor_mlp()
     fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
     assert sum(g.count("linear") for g in fused.groups) == 3
     groups = fused.graph.findAllNodes("llga::FusionGroup", True)
