@@ -2,7 +2,7 @@
 the single-thread one.
 
 oneDNN compiled partitions must not execute on two threads at once (a known oneDNN double free);
-the kernel serializes execution per compiled partition (its cost: see README, Guarantees).
+the kernel serializes execution per compiled partition (its cost: see docs/guarantees.md).
 """
 
 import torch

@@ -14,7 +14,7 @@ the interpreter, the ops left to PyTorch, our guards and dispatch, and the print
 one partition runs on several threads at once (oneDNN's SDPA) add up to more than its wall time.
 Partition time minus primitive time is no measure of oneDNN's graph layer: on MobileNetV2 at one
 thread it came to 11 us a partition, where a C++ loop without verbose measured 0.5-0.9 us
-(BENCHMARKS.md, thirteenth session). Count per-group cost with perf or callgrind instead.
+(measured 2026-11-25 on a Zen 4; BENCHMARKS.md in git history). Count per-group cost with perf or callgrind instead.
 OpenVINO's side is its own per-node profile (PERF_COUNT), in this process.
 """
 import argparse
