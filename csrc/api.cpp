@@ -1,6 +1,6 @@
 #include "torch_llga.h"
 
-#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
 
 namespace torch_llga {
 

@@ -3,10 +3,10 @@
 #include <pybind11/pybind11.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
-#include "jit/codegen/onednn/fusion_kernel.h"
-#include "jit/codegen/onednn/onednn_quirks.h"
-#include "jit/codegen/onednn/passes.h"
-#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/runtime/fusion_kernel.h"
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
 #include "build_info.h"
 #include "onednn/torch_onednn.h"
 

@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 
-#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
 
 namespace llga {
 

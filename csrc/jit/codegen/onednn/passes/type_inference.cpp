@@ -1,9 +1,9 @@
-#include "jit/codegen/onednn/type_inference.h"
+#include "jit/codegen/onednn/passes/type_inference.h"
 
 #include <ATen/ExpandUtils.h>
 #include <c10/util/strides.h>
 
-#include "jit/codegen/onednn/op_table.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
 
 namespace llga {
 

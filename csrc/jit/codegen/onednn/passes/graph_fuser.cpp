@@ -11,11 +11,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "jit/codegen/onednn/graph_builder.h"
-#include "jit/codegen/onednn/onednn_quirks.h"
-#include "jit/codegen/onednn/op_table.h"
-#include "jit/codegen/onednn/passes.h"
-#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/mapping/graph_builder.h"
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
 
 namespace llga {
 

@@ -15,7 +15,7 @@
 
 #include <unordered_set>
 
-#include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/passes/passes.h"
 
 namespace llga {
 

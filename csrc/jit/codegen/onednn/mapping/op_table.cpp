@@ -1,6 +1,6 @@
-#include "jit/codegen/onednn/op_table.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
 
-#include "jit/codegen/onednn/onednn_quirks.h"
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
 
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/operator.h>

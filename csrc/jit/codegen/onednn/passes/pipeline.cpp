@@ -6,10 +6,10 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/runtime/profiling_record.h>
 
-#include "jit/codegen/onednn/op_table.h"
-#include "jit/codegen/onednn/passes.h"
-#include "jit/codegen/onednn/runtime.h"
-#include "jit/codegen/onednn/small_plan.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/small_plan/small_plan.h"
 
 namespace llga {
 

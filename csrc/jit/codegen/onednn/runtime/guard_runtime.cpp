@@ -9,8 +9,8 @@
 #include <atomic>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
-#include "jit/codegen/onednn/passes.h"
-#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
 
 namespace llga {
 

@@ -9,8 +9,8 @@
 #include <c10/util/SmallVector.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
-#include "jit/codegen/onednn/graph_builder.h"
-#include "jit/codegen/onednn/op_table.h"
+#include "jit/codegen/onednn/mapping/graph_builder.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
 
 #include <atomic>
 #include <list>

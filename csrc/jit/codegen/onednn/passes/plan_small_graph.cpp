@@ -13,9 +13,9 @@
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
-#include "jit/codegen/onednn/passes.h"
-#include "jit/codegen/onednn/runtime.h"
-#include "jit/codegen/onednn/small_plan.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/small_plan/small_plan.h"
 
 namespace llga {
 

@@ -1,6 +1,6 @@
-#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
 
-#include "jit/codegen/onednn/onednn_quirks.h"
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "build_info.h"
 #include "onednn/torch_onednn.h"
 

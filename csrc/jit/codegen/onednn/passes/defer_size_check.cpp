@@ -3,8 +3,8 @@
 // input, as far up as such ops go, and the op may fuse with its neighbours.
 #include <torch/csrc/jit/jit_log.h>
 
-#include "jit/codegen/onednn/op_table.h"
-#include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/passes/passes.h"
 
 namespace llga {
 

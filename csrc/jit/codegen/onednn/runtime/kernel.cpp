@@ -1,4 +1,4 @@
-#include "jit/codegen/onednn/fusion_kernel.h"
+#include "jit/codegen/onednn/runtime/fusion_kernel.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,11 +16,11 @@
 #include <torch/csrc/jit/runtime/operator.h>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
-#include "jit/codegen/onednn/graph_builder.h"
-#include "jit/codegen/onednn/onednn_quirks.h"
-#include "jit/codegen/onednn/op_table.h"
-#include "jit/codegen/onednn/passes.h"
-#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/mapping/graph_builder.h"
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
 
 namespace llga {
 

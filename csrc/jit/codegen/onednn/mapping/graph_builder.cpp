@@ -1,4 +1,4 @@
-#include "jit/codegen/onednn/graph_builder.h"
+#include "jit/codegen/onednn/mapping/graph_builder.h"
 
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <mutex>
 
-#include "jit/codegen/onednn/op_table.h"
-#include "jit/codegen/onednn/runtime.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
 
 namespace llga {
 

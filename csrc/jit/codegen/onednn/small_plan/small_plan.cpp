@@ -26,8 +26,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "jit/codegen/onednn/runtime.h"
-#include "jit/codegen/onednn/small_plan.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/small_plan/small_plan.h"
 
 // The steps' loops are the plan's whole cost: let gcc vectorize them (the library builds at -O2).
 #pragma GCC optimize("O3")

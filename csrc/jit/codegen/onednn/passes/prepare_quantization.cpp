@@ -21,9 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "jit/codegen/onednn/onednn_quirks.h"
-#include "jit/codegen/onednn/op_table.h"
-#include "jit/codegen/onednn/passes.h"
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/passes/passes.h"
 
 namespace llga {
 

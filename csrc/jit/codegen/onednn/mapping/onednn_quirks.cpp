@@ -15,7 +15,7 @@
 // "any" output layout (the kernel asks for strided outputs again; test_fuzz.py); 3.12's pattern
 // matcher can throw std::out_of_range out of get_partitions (graph_builder.cpp leaves the block to
 // PyTorch; test_fallback.py::test_block_onednn_cannot_partition_runs_unfused).
-#include "jit/codegen/onednn/onednn_quirks.h"
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
 
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
@@ -28,7 +28,7 @@
 #include <sstream>
 #include <string>
 
-#include "jit/codegen/onednn/op_table.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
 #include "onednn/torch_onednn.h"
 
 namespace llga::quirks {

@@ -12,9 +12,9 @@
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 
-#include "jit/codegen/onednn/op_table.h"
-#include "jit/codegen/onednn/passes.h"
-#include "jit/codegen/onednn/type_inference.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/passes/type_inference.h"
 
 namespace llga {
 

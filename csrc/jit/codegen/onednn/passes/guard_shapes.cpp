@@ -32,9 +32,9 @@
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
-#include "jit/codegen/onednn/op_table.h"
-#include "jit/codegen/onednn/passes.h"
-#include "jit/codegen/onednn/small_plan.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/small_plan/small_plan.h"
 
 namespace llga {
 
