@@ -29,8 +29,8 @@ def test_explain_reports_partitions_and_reasons(capsys):
     why = reasons(report)
     assert why["sin"] == "no oneDNN mapping"
     assert why["mul"].startswith("cheap ops too small to pay for a group") or \
-        why["mul"] == "dtype Double not supported (float, bfloat16 are)"
-    assert "dtype Double not supported (float, bfloat16 are)" in [r for op, r in report.unfused if op == "mul"]
+        why["mul"] == "dtype Double not supported (float32, bfloat16 are)"
+    assert "dtype Double not supported (float32, bfloat16 are)" in [r for op, r in report.unfused if op == "mul"]
     assert "cheap ops too small" in str(report)
     assert 0 < report.fused_share < 1
     assert report.guard_fallbacks == 0

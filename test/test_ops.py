@@ -34,6 +34,7 @@ UNARY = [
     ("sqrt", torch.sqrt, pos),
     ("abs", torch.abs, x),
     ("square", torch.square, x),
+    ("mish", F.mish, x),
     ("round", torch.round, x * 10),
     ("pow", lambda a: a.pow(2.0), x),
     ("pow", lambda a: a.pow(0.5), pos),

@@ -119,7 +119,15 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
 
   for (Node* n : block->nodes()) {
     if (n->kind() == c10::prim::Constant) continue;
-    std::optional<OpSpec> spec = opts.may_map(n) ? map_node(n) : std::nullopt;
+    std::optional<OpSpec> mapped;  // without a cache of the block's mappings
+    const OpSpec* spec = nullptr;
+    if (opts.may_map(n)) {
+      if (opts.mappings) {
+        spec = opts.mappings->spec(n);
+      } else if ((mapped = map_node(n))) {
+        spec = &*mapped;
+      }
+    }
     if (!spec) {
       add_wildcard(n);
       continue;

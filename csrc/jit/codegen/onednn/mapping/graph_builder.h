@@ -9,6 +9,8 @@
 
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
+#include "jit/codegen/onednn/mapping/op_table.h"
+
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -37,6 +39,9 @@ struct BuiltGraph {
 struct BuildOptions {
   // Nodes that may be mapped at all (the fuser excludes nodes whose tensors are mutated).
   std::function<bool(const Node*)> may_map = [](const Node*) { return true; };
+  // The block's mappings, kept across builds of one block (the fuser's exclusion rounds); null:
+  // each node is mapped afresh.
+  BlockMappings* mappings = nullptr;
   // Give non-constant values their rank only, no sizes: the kernel's partition can then be compiled
   // for any input sizes (oneDNN infers the rest at compile time).
   bool ranks_only = false;

@@ -410,10 +410,10 @@ const std::vector<OpEntry>& op_table() {
        K::BatchNormInference, kWorthAlone | kShapePreserving | kKeepsNaN | kFloatParams, batch_norm},
       {"aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor",
        K::LayerNorm, kWorthAlone | kShapePreserving | kFloatParams, layer_norm},
-      {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, linear},
-      {"aten::matmul(Tensor self, Tensor other) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul},
-      {"aten::mm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul},
-      {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul},
+      {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, linear, PlanStep::kLinear},
+      {"aten::matmul(Tensor self, Tensor other) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul, PlanStep::kMatmul},
+      {"aten::mm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction | kMatrixProduct2d, matmul, PlanStep::kMatmul},
+      {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul, PlanStep::kMatmul},
       {"aten::softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", K::SoftMax, kWorthAlone | kShapePreserving, softmax},
       {"aten::log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", K::LogSoftmax, kWorthAlone | kShapePreserving, softmax},
       {"llga::softmax_inf_as_zero(Tensor self, int dim) -> Tensor", K::SoftMax, kWorthAlone | kShapePreserving, softmax_inf_as_zero},
@@ -425,46 +425,47 @@ const std::vector<OpEntry>& op_table() {
        K::AvgPool, kWorthAlone | kPooling, avg_pool2d},
       {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::AvgPool, kWorthAlone | kPooling, global_avg_pool},
       // binary (scalar operands become tensors in prepare_binary)
-      {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kKeepsNaN | kBinary, binary_alpha},
-      {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kKeepsNaN | kBinary, binary_alpha},
-      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kKeepsNaN | kBinary, elementwise_binary},
-      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kKeepsNaN | kBinary, elementwise_binary},
+      {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kKeepsNaN | kBinary | kAdditive | kStrideAgnostic, binary_alpha, PlanStep::kAdd},
+      {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kKeepsNaN | kBinary | kAdditive | kStrideAgnostic, binary_alpha, PlanStep::kSub},
+      {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kKeepsNaN | kBinary | kMultiplicative | kStrideAgnostic, elementwise_binary, PlanStep::kMul},
+      {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kKeepsNaN | kBinary | kMultiplicative | kStrideAgnostic, elementwise_binary, PlanStep::kDiv},
       // where(condition, self, other): the boolean mask of attention (decompose_ops' SDPA)
-      {"aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", K::Select, kKeepsNaN | kBinary,
+      {"aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", K::Select, kKeepsNaN | kBinary | kStrideAgnostic,
        [](const Node* n, OpSpec& s) {
          if (quirks::matmul_broadcast_select(n)) return false;
          s.in(n->input(0)).in(n->input(1)).in(n->input(2));
          return true;
        }},
       // unary elementwise
-      {"aten::relu(Tensor self) -> Tensor", K::ReLU, kShapePreserving | kEltwise, unary},
-      {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", K::GELU, kShapePreserving | kEltwise, gelu},
-      {"aten::sigmoid(Tensor self) -> Tensor", K::Sigmoid, kShapePreserving | kEltwise, unary},
-      {"aten::tanh(Tensor self) -> Tensor", K::Tanh, kShapePreserving | kEltwise, unary},
-      {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", K::Elu, kShapePreserving | kEltwise, elu},
-      {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor", K::LeakyReLU, kShapePreserving | kEltwise, leaky_relu},
-      {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", K::Clamp, kShapePreserving | kEltwise, hardtanh},
-      {"aten::relu6(Tensor self) -> Tensor", K::Clamp, kShapePreserving | kEltwise,
-       [](const Node* n, OpSpec& s) { return clamp_to(s, n->input(0), 0.0, 6.0); }},
-      {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", K::Clamp, kShapePreserving | kEltwise, clamp},
-      {"aten::hardswish(Tensor self) -> Tensor", K::HardSwish, kShapePreserving | kEltwise, unary},
-      {"aten::hardsigmoid(Tensor self) -> Tensor", K::HardSigmoid, kShapePreserving | kEltwise,  // clamp(x / 6 + 1/2, 0, 1)
-       [](const Node* n, OpSpec& s) { s.in(n->input(0)).attr(A::alpha, 1.0f / 6.0f).attr(A::beta, 0.5f); return true; }},
-      {"aten::exp(Tensor self) -> Tensor", K::Exp, kShapePreserving | kEltwise, unary},
-      {"aten::log(Tensor self) -> Tensor", K::Log, kShapePreserving | kEltwise, unary},
-      {"aten::sqrt(Tensor self) -> Tensor", K::Sqrt, kShapePreserving | kEltwise, unary},
-      {"aten::abs(Tensor self) -> Tensor", K::Abs, kShapePreserving | kEltwise, unary},
-      {"aten::square(Tensor self) -> Tensor", K::Square, kShapePreserving | kEltwise, unary},
-      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving | kEltwise, round},
-      {"aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", K::Pow, kShapePreserving | kEltwise, pow_scalar},
+      {"aten::relu(Tensor self) -> Tensor", K::ReLU, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kRelu},
+      {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", K::GELU, kShapePreserving | kEltwise | kStrideAgnostic, gelu, PlanStep::kGelu},
+      {"aten::sigmoid(Tensor self) -> Tensor", K::Sigmoid, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kSigmoid},
+      {"aten::tanh(Tensor self) -> Tensor", K::Tanh, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kTanh},
+      {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", K::Elu, kShapePreserving | kEltwise | kStrideAgnostic, elu, PlanStep::kElu},
+      {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor", K::LeakyReLU, kShapePreserving | kEltwise | kStrideAgnostic, leaky_relu, PlanStep::kLeakyRelu},
+      {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", K::Clamp, kShapePreserving | kEltwise | kStrideAgnostic, hardtanh, PlanStep::kClamp},
+      {"aten::relu6(Tensor self) -> Tensor", K::Clamp, kShapePreserving | kEltwise | kStrideAgnostic,
+       [](const Node* n, OpSpec& s) { return clamp_to(s, n->input(0), 0.0, 6.0); }, PlanStep::kRelu6},
+      {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", K::Clamp, kShapePreserving | kEltwise | kStrideAgnostic, clamp, PlanStep::kClamp},
+      {"aten::hardswish(Tensor self) -> Tensor", K::HardSwish, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kHardSwish},
+      {"aten::hardsigmoid(Tensor self) -> Tensor", K::HardSigmoid, kShapePreserving | kEltwise | kStrideAgnostic,  // clamp(x / 6 + 1/2, 0, 1)
+       [](const Node* n, OpSpec& s) { s.in(n->input(0)).attr(A::alpha, 1.0f / 6.0f).attr(A::beta, 0.5f); return true; }, PlanStep::kHardSigmoid},
+      {"aten::exp(Tensor self) -> Tensor", K::Exp, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kExp},
+      {"aten::log(Tensor self) -> Tensor", K::Log, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kLog},
+      {"aten::sqrt(Tensor self) -> Tensor", K::Sqrt, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kSqrt},
+      {"aten::abs(Tensor self) -> Tensor", K::Abs, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kAbs},
+      {"aten::square(Tensor self) -> Tensor", K::Square, kShapePreserving | kEltwise | kStrideAgnostic, unary, PlanStep::kSquare},
+      {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving | kEltwise | kStrideAgnostic, round},
+      {"aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", K::Pow, kShapePreserving | kEltwise | kStrideAgnostic, pow_scalar},
+      {"aten::mish(Tensor self) -> Tensor", K::Mish, kShapePreserving | kEltwise | kStrideAgnostic, unary},
       // data movement
-      {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", K::Concat, kKeepsNaN, cat},
-      {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)", K::StaticTranspose, kKeepsNaN, permute},
-      {"aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", K::StaticTranspose, kKeepsNaN, transpose},
-      {"aten::reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)", K::StaticReshape, kKeepsNaN, reshape},
-      {"aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", K::StaticReshape, kKeepsNaN, reshape},
-      {"aten::flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", K::StaticReshape, kKeepsNaN, reshape},
-      {"aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> Tensor(a)", K::Reorder, kShapePreserving | kKeepsNaN, contiguous},
+      {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", K::Concat, kKeepsNaN, cat, PlanStep::kCat},
+      {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)", K::StaticTranspose, kKeepsNaN | kView, permute, PlanStep::kPermute},
+      {"aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", K::StaticTranspose, kKeepsNaN | kView, transpose, PlanStep::kTranspose},
+      {"aten::reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)", K::StaticReshape, kKeepsNaN | kView, reshape, PlanStep::kReshape},
+      {"aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", K::StaticReshape, kKeepsNaN | kView, reshape, PlanStep::kReshape},
+      {"aten::flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", K::StaticReshape, kKeepsNaN | kView, reshape, PlanStep::kReshape},
+      {"aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> Tensor(a)", K::Reorder, kShapePreserving | kKeepsNaN | kView, contiguous, PlanStep::kContiguous},
       // int8: FX's reference quantized models (quantize -> dequantize around fp32 ops); oneDNN
       // fuses dequantize -> conv/matmul/pool -> post-ops -> quantize into int8 kernels.
       {"aten::quantize_per_tensor(Tensor self, float scale, int zero_point, ScalarType dtype) -> Tensor",
@@ -474,8 +475,46 @@ const std::vector<OpEntry>& op_table() {
       {"aten::dequantize.self(Tensor self) -> Tensor", K::Dequantize, kShapePreserving | kCastsDtype, dequantize},
       {"aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)",
        K::TypeCast, kShapePreserving | kCastsDtype | kKeepsNaN, to_dtype},
+      // No oneDNN mapping: the other facts of ops the passes and the small-graph plan handle.
+      {"aten::add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", K::Wildcard, kAdditive | kStrideAgnostic, nullptr, PlanStep::kAdd},
+      {"aten::sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", K::Wildcard, kAdditive | kStrideAgnostic, nullptr, PlanStep::kSub},
+      {"aten::mul.Scalar(Tensor self, Scalar other) -> Tensor", K::Wildcard, kMultiplicative | kStrideAgnostic, nullptr, PlanStep::kMul},
+      {"aten::div.Scalar(Tensor self, Scalar other) -> Tensor", K::Wildcard, kMultiplicative | kStrideAgnostic, nullptr, PlanStep::kDiv},
+      {"aten::maximum(Tensor self, Tensor other) -> Tensor", K::Wildcard, kStrideAgnostic, nullptr, PlanStep::kMaximum},
+      {"aten::minimum(Tensor self, Tensor other) -> Tensor", K::Wildcard, kStrideAgnostic, nullptr, PlanStep::kMinimum},
+      {"aten::silu(Tensor self) -> Tensor", K::Wildcard, kStrideAgnostic | kFunctionalForm, nullptr, PlanStep::kSilu},
+      {"aten::neg(Tensor self) -> Tensor", K::Wildcard, kStrideAgnostic, nullptr, PlanStep::kNeg},
+      {"aten::t(Tensor(a) self) -> Tensor(a)", K::Wildcard, kView, nullptr, PlanStep::kT},
+      {"aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", K::Wildcard, kView, nullptr, PlanStep::kUnsqueeze},
+      {"aten::squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)", K::Wildcard, kView, nullptr, PlanStep::kSqueeze},
+      {"aten::slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)", K::Wildcard, kView, nullptr},
+      {"aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)", K::Wildcard, kView, nullptr},
+      {"aten::expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)", K::Wildcard, kView, nullptr},
+      {"aten::dropout(Tensor input, float p, bool train) -> Tensor", K::Wildcard, kNone, nullptr, PlanStep::kDropout},
+      {"aten::addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", K::Wildcard, kFunctionalForm, nullptr, PlanStep::kAddmm},
   };
   return table;
+}
+
+const char* flag_name(unsigned bit) {
+  switch (bit) {
+    case kWorthAlone: return "kWorthAlone";
+    case kShapePreserving: return "kShapePreserving";
+    case kCastsDtype: return "kCastsDtype";
+    case kKeepsNaN: return "kKeepsNaN";
+    case kFloatParams: return "kFloatParams";
+    case kContraction: return "kContraction";
+    case kPooling: return "kPooling";
+    case kEltwise: return "kEltwise";
+    case kBinary: return "kBinary";
+    case kAdditive: return "kAdditive";
+    case kMultiplicative: return "kMultiplicative";
+    case kStrideAgnostic: return "kStrideAgnostic";
+    case kView: return "kView";
+    case kMatrixProduct2d: return "kMatrixProduct2d";
+    case kFunctionalForm: return "kFunctionalForm";
+    default: return nullptr;
+  }
 }
 
 namespace {
@@ -504,7 +543,7 @@ std::string tensor_problem(const Value* v, bool condition = false) {
   if (!t->device() || !t->scalarType() || !s || !t->strides().concrete_sizes()) return "sizes or dtype not profiled";
   if (!t->device()->is_cpu()) return "not on CPU";
   if (condition ? *t->scalarType() != c10::ScalarType::Bool : !to_dnnl_dtype(*t->scalarType()))
-    return std::string("dtype ") + c10::toString(*t->scalarType()) + " not supported (float, bfloat16 are)";
+    return std::string("dtype ") + c10::toString(*t->scalarType()) + " not supported (" + computed_dtype_names() + " are)";
   if (t->numel() == 0) return "empty tensor";
   if (s->empty() && v->node()->kind() != c10::prim::Constant) return "0-dim tensor";  // a 0-dim constant is a [1]
   return "";
@@ -512,23 +551,6 @@ std::string tensor_problem(const Value* v, bool condition = false) {
 
 bool supported_tensor(const Value* v, bool condition = false) { return tensor_problem(v, condition).empty(); }
 }  // namespace
-
-dnnl::graph::logical_tensor::data_type input_dtype(c10::ScalarType t) {
-  if (t == c10::ScalarType::Bool) return dnnl::graph::logical_tensor::data_type::boolean;
-  return *to_dnnl_dtype(t);
-}
-
-std::optional<dnnl::graph::logical_tensor::data_type> to_dnnl_dtype(c10::ScalarType t) {
-  using dt = dnnl::graph::logical_tensor::data_type;
-  switch (t) {
-    case c10::ScalarType::Float: return dt::f32;
-    case c10::ScalarType::BFloat16: return dt::bf16;
-    // A quantized tensor's memory holds its int data; scale and zero point travel as op attributes.
-    case c10::ScalarType::QUInt8: return dt::u8;
-    case c10::ScalarType::QInt8: return dt::s8;
-    default: return std::nullopt;
-  }
-}
 
 const OpEntry* find_entry(const Node* n) {
   const auto& idx = index().by_kind;
@@ -552,36 +574,48 @@ bool non_tensor_inputs_constant(const Node* n) {
   return true;
 }
 
-std::optional<OpSpec> map_node(const Node* n) {
+namespace {
+std::optional<OpSpec> try_map(const Node* n) {
   const OpEntry* e = find_entry(n);
-  if (!e || n->outputs().size() != 1 || !supported_tensor(n->output()) || !non_tensor_inputs_constant(n))
+  if (!e || !e->maps_to_onednn() || n->outputs().size() != 1 || !supported_tensor(n->output()) ||
+      !non_tensor_inputs_constant(n))
     return std::nullopt;
   OpSpec spec;
   spec.kind = e->kind;
   if (!e->build(n, spec)) return std::nullopt;
   if (quirks::above_five_dims(n, spec.inputs)) return std::nullopt;
-  auto out_dtype = n->output()->type()->expect<TensorType>()->scalarType();
+  const DtypeTraits* out = dtype_traits(*n->output()->type()->expect<TensorType>()->scalarType());
   // Only Quantize and Dequantize know a quantized tensor's scale and zero point: any other op would
   // read its int data as if it were the values.
   bool quant_op = e->kind == K::Quantize || e->kind == K::Dequantize;
-  if (!quant_op && c10::isQIntType(*out_dtype)) return std::nullopt;
+  if (!quant_op && out->quantized) return std::nullopt;
   for (const Value* v : spec.inputs) {
     if (e->kind == K::Select && v == spec.inputs[0]) {  // where(condition, self, other)
       if (!supported_tensor(v, /*condition=*/true)) return std::nullopt;
       continue;
     }
     if (!supported_tensor(v)) return std::nullopt;
-    if (!quant_op && c10::isQIntType(*v->type()->expect<TensorType>()->scalarType())) return std::nullopt;
-    auto dtype = v->type()->expect<TensorType>()->scalarType();
-    bool float_param = (e->flags & kFloatParams) && v != spec.inputs[0] && out_dtype == c10::kBFloat16 && dtype == c10::kFloat;
-    if (!(e->flags & kCastsDtype) && dtype != out_dtype && !float_param) return std::nullopt;
+    const DtypeTraits* in = dtype_traits(*v->type()->expect<TensorType>()->scalarType());
+    if (!quant_op && in->quantized) return std::nullopt;
+    bool float_param = (e->flags & kFloatParams) && v != spec.inputs[0] && out->rounds_from_fp32 &&
+                       in->scalar == c10::ScalarType::Float;
+    if (!(e->flags & kCastsDtype) && in != out && !float_param) return std::nullopt;
   }
+  return spec;
+}
+}  // namespace
+
+std::optional<OpSpec> map_node(const Node* n, std::string* why) {
+  auto spec = try_map(n);
+  if (!spec && why) *why = unmapped_reason(n);
   return spec;
 }
 
 std::string unmapped_reason(const Node* n) {
   const OpEntry* e = find_entry(n);
-  if (!e) return table_has_kind(n->kind()) ? "no oneDNN mapping for this overload" : "no oneDNN mapping";
+  if (!e || !e->maps_to_onednn()) {
+    return kind_maps_to_onednn(n->kind()) ? "no oneDNN mapping for this overload" : "no oneDNN mapping";
+  }
   if (n->outputs().size() != 1) return "more than one output";
   std::vector<const Value*> tensors{n->output()};
   for (const Value* v : n->inputs())
@@ -592,17 +626,49 @@ std::string unmapped_reason(const Node* n) {
     if (auto problem = tensor_problem(v, condition); !problem.empty()) return problem;
   }
   if (!non_tensor_inputs_constant(n)) return "an argument computed at run time (guards check tensors only)";
-  if (!map_node(n)) return "arguments outside the mapping's conditions (op_table.cpp)";
+  if (!try_map(n)) return "arguments outside the mapping's conditions (op_table.cpp)";
   return "";
+}
+
+const BlockMappings::Mapping& BlockMappings::get(const Node* n) {
+  auto it = by_node_.find(n);
+  if (it != by_node_.end()) return it->second;
+  Mapping m;
+  m.spec = map_node(n, &m.why);
+  return by_node_.emplace(n, std::move(m)).first->second;
 }
 
 bool is_tensor(const Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
 
-bool table_has_kind(c10::Symbol kind) { return index().by_kind.count(kind) > 0; }
+bool kind_maps_to_onednn(c10::Symbol kind) {
+  auto it = index().by_kind.find(kind);
+  if (it == index().by_kind.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(), [](const auto& e) { return e.second->maps_to_onednn(); });
+}
 
-bool in_family(const Node* n, OpFlags family) {
+bool functional_form_fuses(c10::Symbol kind) {
+  auto it = index().by_kind.find(kind);
+  if (it == index().by_kind.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(),
+                     [](const auto& e) { return e.second->maps_to_onednn() || (e.second->flags & kFunctionalForm); });
+}
+
+unsigned kind_flags(c10::Symbol kind) {
+  auto it = index().by_kind.find(kind);
+  if (it == index().by_kind.end()) return kNone;
+  unsigned flags = ~0u;
+  for (const auto& [op, entry] : it->second) flags &= entry->flags;
+  return flags;
+}
+
+op::kind onednn_kind(const Node* n) {
   const OpEntry* e = find_entry(n);
-  return e && (e->flags & family);
+  return e && e->maps_to_onednn() ? e->kind : op::kind::Wildcard;
+}
+
+bool in_family(const Node* n, unsigned families) {
+  const OpEntry* e = find_entry(n);
+  return e && (e->flags & families);
 }
 
 }  // namespace llga

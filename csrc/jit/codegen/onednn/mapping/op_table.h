@@ -5,8 +5,11 @@
 
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
+#include "jit/codegen/onednn/mapping/dtypes.h"
+
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -51,15 +54,48 @@ enum OpFlags : unsigned {
   kPooling = 1u << 6,      // max/avg pooling
   kEltwise = 1u << 7,      // unary elementwise: a post-op
   kBinary = 1u << 8,       // elementwise binary (Add, Multiply, Select, ...): a post-op
+  // Arithmetic binary ops (prepare_binary, type inference): two operands of one dtype broadcast to
+  // the output; the Scalar overload's operand becomes a tensor. Additive ones (add, sub) have an
+  // alpha argument and leave x unchanged by 0; multiplicative ones (mul, div) by 1.
+  kAdditive = 1u << 9,
+  kMultiplicative = 1u << 10,
+  // Every output element is computed from the same-index elements of the (broadcast) inputs: the
+  // values do not depend on the strides (layout_propagation hands such ops channels-last tensors).
+  kStrideAgnostic = 1u << 11,
+  // The output's elements are the input's, rearranged or selected (a view or a copy of one): a
+  // value scanned for NaN/Inf need not be scanned again through it (guard_shapes).
+  kView = 1u << 12,
+  // Type inference: the output of a 2-D matrix product, [M, K] x [K, N] -> [M, N] (type_inference).
+  kMatrixProduct2d = 1u << 13,
+  // No oneDNN mapping of its own, but its in-place form (silu_, addmm_) is still made functional
+  // (remove_mutation): a small-graph plan can run it. Ops oneDNN maps always are.
+  kFunctionalForm = 1u << 14,
+};
+
+// The small-graph plan's computation for an op (small_plan/): which of its steps runs this schema.
+// kNone: the plan has no step for it.
+enum class PlanStep : uint8_t {
+  kNone,
+  // elementwise, one Fn each
+  kAdd, kSub, kMul, kDiv, kMaximum, kMinimum,
+  kRelu, kAbs, kSquare, kSqrt, kLog, kHardSigmoid, kHardSwish, kSilu, kSigmoid, kTanh, kExp, kNeg,
+  // elementwise with arguments
+  kRelu6, kGelu, kElu, kClamp, kLeakyRelu,
+  // layouts (no computation unless a copy is needed)
+  kTranspose, kT, kPermute, kUnsqueeze, kSqueeze, kReshape, kContiguous, kDropout, kCat,
+  // matrix products
+  kMatmul, kLinear, kAddmm,
 };
 
 struct OpEntry {
   const char* schema;        // the exact registered aten schema
-  op::kind kind;
+  op::kind kind;             // Wildcard: no oneDNN mapping (the entry holds the op's other facts)
   unsigned flags;
   // Reads inputs and attributes off the node into spec; false when this node does not fit
-  // (a condition of the mapping fails), and it then stays in PyTorch.
+  // (a condition of the mapping fails), and it then stays in PyTorch. Null: no oneDNN mapping.
   bool (*build)(const Node* n, OpSpec& spec);
+  PlanStep plan_step = PlanStep::kNone;
+  bool maps_to_onednn() const { return build != nullptr; }
 };
 
 // Partitions of only cheap ops (elementwise, reshapes) pay for a group's fixed cost (guard, branch,
@@ -69,32 +105,59 @@ constexpr size_t kMinOpsForCheapGroup = 3;
 
 const std::vector<OpEntry>& op_table();
 
+// The name of one OpFlags bit ("kWorthAlone"), or null.
+const char* flag_name(unsigned bit);
+
 // The entry whose schema the node has, if any (conditions not checked).
 const OpEntry* find_entry(const Node* n);
 
 // The oneDNN op for this node, or nullopt if it stays in PyTorch. Checks the entry's conditions
-// and the common ones: CPU, fp32/bf16, fully profiled (complete) sizes and strides, no empty tensors.
-std::optional<OpSpec> map_node(const Node* n);
+// and the common ones: CPU, a dtype oneDNN takes (dtypes.h), fully profiled (complete) sizes and
+// strides, no empty tensors. With `why`, the reason it gives nothing, in words for
+// torch_llga.explain() (as unmapped_reason).
+std::optional<OpSpec> map_node(const Node* n, std::string* why = nullptr);
 
 // Why map_node(n) gives nothing, in words for torch_llga.explain(); empty if n maps.
 std::string unmapped_reason(const Node* n);
 
+// Each node of a block mapped once: its spec, or why it has none. The fuser's graph builds (one
+// per exclusion round) and its explain marks share one per block; nodes are never re-typed while
+// it lives.
+class BlockMappings {
+ public:
+  const OpSpec* spec(const Node* n) { return get(n).spec ? &*get(n).spec : nullptr; }
+  const std::string& reason(const Node* n) { return get(n).why; }
+
+ private:
+  struct Mapping {
+    std::optional<OpSpec> spec;
+    std::string why;
+  };
+  const Mapping& get(const Node* n);
+  std::unordered_map<const Node*, Mapping> by_node_;
+};
+
 // Whether n's table entry (conditions not checked) is of this family (kContraction, kPooling,
 // kEltwise, kBinary).
-bool in_family(const Node* n, OpFlags family);
+bool in_family(const Node* n, unsigned families);
 
 // Whether n maps to an elementwise binary op (Add, Multiply, ...): a post-op when it follows a
 // compute op in a partition.
 inline bool is_binary_op(const Node* n) { return in_family(n, kBinary); }
 
-// Whether an op of this kind (ignoring the overload) appears in the table.
-bool table_has_kind(c10::Symbol kind);
+// Whether one of the table's overloads of this op kind has a oneDNN mapping.
+bool kind_maps_to_onednn(c10::Symbol kind);
 
-// fp32/bf16, and the quantized dtypes as their int data (quint8 -> u8, qint8 -> s8).
-std::optional<dnnl::graph::logical_tensor::data_type> to_dnnl_dtype(c10::ScalarType t);
+// Whether an in-place op (relu_) is worth making functional (relu) for the fuser: an overload of
+// the functional kind maps to oneDNN, or its entry has kFunctionalForm.
+bool functional_form_fuses(c10::Symbol kind);
 
-// The oneDNN data type of a group input: to_dnnl_dtype's, or boolean (a Select's condition).
-dnnl::graph::logical_tensor::data_type input_dtype(c10::ScalarType t);
+// The flags every table entry of this node kind has (any overload: aten::add.Scalar and .Tensor
+// alike), 0 if the table has none. For passes that handle all overloads of an op.
+unsigned kind_flags(c10::Symbol kind);
+
+// The oneDNN op kind n's table entry maps to (conditions not checked), or Wildcard.
+op::kind onednn_kind(const Node* n);
 
 // The scale and zero point of an aten::quantize_per_tensor node, if they are constants.
 struct QuantParams {

@@ -298,8 +298,7 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     // SDPA, and the -inf of a masked score would reach a group's guard, which sends it to the fallback.
     bool mapped = true;
     for (Node* m = out->node(); m != before && mapped; m = m->prev())
-      if (m->kind() == c10::aten::matmul || m->kind() == c10::aten::mul || m->kind() == c10::aten::add ||
-          m->kind() == c10::aten::softmax || m->kind() == kSoftmaxInfAsZero)
+      if (in_family(m, kWorthAlone | kBinary))  // the matmuls, softmax, scale and mask: not the layouts
         mapped = map_node(m).has_value();
     if (!mapped) {
       for (size_t i = 0; i < original.size(); ++i) n->replaceInput(i, original[i]);

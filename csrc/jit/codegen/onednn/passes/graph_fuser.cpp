@@ -117,7 +117,7 @@ void mark_unfused(const std::vector<Node*>& nodes, const std::string& reason) {
 }
 
 // Why each op of the block that oneDNN was never offered stays in PyTorch.
-void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& db) {
+void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& db, BlockMappings& mappings) {
   std::unordered_set<const Node*> mapped;
   for (const auto& [id, n] : built.op_nodes) mapped.insert(n);
   for (Node* n : block->nodes()) {
@@ -126,7 +126,7 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
     auto rejected = built.rejected.find(n);
     std::string reason = rejected != built.rejected.end() ? "oneDNN rejected it: " + rejected->second
                          : db.hasWriters(n)                ? "its tensors are written in place"
-                                                           : unmapped_reason(n);
+                                                           : mappings.reason(n);
     if (!reason.empty()) n->s_(kUnfusedReason, reason);
   }
 }
@@ -157,7 +157,9 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
   for (Node* n : block->nodes())
     for (auto* b : n->blocks()) fuse_block(b, db);
 
+  BlockMappings mappings;  // each node mapped once, for every round and the reasons
   BuildOptions opts;
+  opts.mappings = &mappings;
   std::vector<Node*> excluded;
   std::vector<std::pair<Node*, const char*>> exclusions;  // with their reasons
   // A node whose tensors are written in place elsewhere keeps its place in program order.
@@ -170,7 +172,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
     exclusions.insert(exclusions.end(), bad.begin(), bad.end());
     built = build_graph(block, opts);
   }
-  mark_unmapped(block, built, db);
+  mark_unmapped(block, built, db, mappings);
   for (const auto& [n, why] : exclusions) n->s_(kUnfusedReason, why);
   for (Node* n : built.shape_specific) n->i_(kShapeSpecific, 1);  // read by InsertGuards
   if (!built.failure.empty())
@@ -197,7 +199,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
   std::unordered_map<size_t, Value*> earlier_outputs;  // port id -> the output of the group that computes it
   for (auto& [nodes, partition] : partitions) {
     for (size_t i = nodes.size(); i-- > 0;) {  // cat's list travels with it
-      if (nodes[i]->kind() == c10::aten::cat) nodes.insert(nodes.begin() + i, nodes[i]->input(0)->node());
+      if (onednn_kind(nodes[i]) == op::kind::Concat) nodes.insert(nodes.begin() + i, nodes[i]->input(0)->node());
     }
     std::string ops = describe(nodes);
     if (!gather(nodes, db)) {
@@ -224,7 +226,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
 void give_cat_private_lists(torch::jit::Block* block) {
   for (Node* n : block->nodes()) {
     for (auto* b : n->blocks()) give_cat_private_lists(b);
-    if (n->kind() != c10::aten::cat) continue;
+    if (onednn_kind(n) != op::kind::Concat) continue;
     Node* list = n->input(0)->node();
     if (list->kind() != c10::prim::ListConstruct || list->output()->uses().size() == 1) continue;
     Node* copy = block->owningGraph()->createClone(list, [](Value* v) { return v; });

@@ -64,12 +64,8 @@ bool needs_finite_inputs(const Node* group) {
 // guard need not scan it. Views of an embedding of a constant, all-finite table (the table is
 // checked once, here), or an attention bias. v must have no writers (the caller's AliasDb says so).
 bool unscanned(const Value* v, std::unordered_map<const Value*, bool>& tables) {
-  static const std::unordered_set<c10::Symbol> views = {
-      c10::aten::transpose, c10::aten::permute, c10::aten::view, c10::aten::reshape, c10::aten::flatten,
-      c10::aten::unsqueeze, c10::aten::squeeze, c10::aten::contiguous, c10::aten::slice, c10::aten::select,
-      c10::aten::expand, c10::aten::t};
-  const Node* n = v->node();
-  while (views.count(n->kind()) && n->inputs().size() > 0 && is_tensor(n->input(0))) n = n->input(0)->node();
+  const Node* n = v->node();  // through views (the op table's kView)
+  while ((kind_flags(n->kind()) & kView) && n->inputs().size() > 0 && is_tensor(n->input(0))) n = n->input(0)->node();
   if (n->kind() == kAttentionBias) return true;
   if (n->kind() != c10::aten::embedding || n->input(0)->node()->kind() != c10::prim::Constant) return false;
   const Value* table = n->input(0);

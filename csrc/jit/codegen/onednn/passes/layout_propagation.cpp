@@ -12,6 +12,7 @@
 
 #include <unordered_set>
 
+#include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 
 namespace llga {
@@ -25,14 +26,9 @@ bool read_by_groups_only(const Value* v) {
   return true;
 }
 
-// Ops whose every output element comes from the same-index elements of their (broadcast) inputs:
-// the values do not depend on the strides.
-bool elementwise(const Node* n) {
-  static const std::unordered_set<c10::Symbol> ops = {
-      c10::aten::mul,     c10::aten::add,         c10::aten::sub,       c10::aten::div,     c10::aten::relu,
-      c10::aten::sigmoid, c10::aten::hardsigmoid, c10::aten::hardswish, c10::aten::hardtanh, c10::aten::tanh};
-  return ops.count(n->kind()) && n->outputs().size() == 1;
-}
+// Ops whose every output element comes from the same-index elements of their (broadcast) inputs
+// (the op table's kStrideAgnostic, any overload): the values do not depend on the strides.
+bool elementwise(const Node* n) { return (kind_flags(n->kind()) & kStrideAgnostic) && n->outputs().size() == 1; }
 
 // The op's result is 4-D and its other tensor operands are one value or one per channel
 // ([.., C, 1, 1]): its loop follows the channels-last operand, not a mix of layouts.
@@ -51,10 +47,13 @@ bool per_channel_operands(const Node* op, const Value* out) {
   return true;
 }
 
-// A group of image ops (a 2-D convolution in it): its 4-D outputs are computed channels-last.
+// A group of image ops (a 2-D convolution, of a 4-D output, in it): its 4-D outputs are computed channels-last.
 bool convolves(const Node* group) {
-  for (const Node* n : group->g(c10::attr::Subgraph)->nodes())
-    if (n->kind() == c10::aten::_convolution || n->kind() == c10::aten::conv2d) return true;
+  for (const Node* n : group->g(c10::attr::Subgraph)->nodes()) {
+    if (onednn_kind(n) != op::kind::Convolution) continue;
+    auto t = n->output()->type()->cast<torch::jit::TensorType>();
+    if (t && t->dim() == 4) return true;
+  }
   return false;
 }
 

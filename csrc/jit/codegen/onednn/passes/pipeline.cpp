@@ -9,7 +9,6 @@
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
-#include "jit/codegen/onednn/small_plan/small_plan.h"
 
 namespace llga {
 
@@ -41,7 +40,8 @@ const auto registered = torch::jit::registerPrePass([](std::shared_ptr<Graph>& g
 // out only for profiled q, k, v and mask, and the ops small-graph plans have steps for.
 const bool profiled_table_ops = [] {
   torch::jit::RegisterProfilingNode([](const Node* n) {
-    return n->kind() == c10::aten::scaled_dot_product_attention || find_entry(n) != nullptr || small_plan_has_step(n);
+    const OpEntry* e = find_entry(n);
+    return n->kind() == c10::aten::scaled_dot_product_attention || (e && (e->maps_to_onednn() || e->plan_step != PlanStep::kNone));
   });
   return true;
 }();

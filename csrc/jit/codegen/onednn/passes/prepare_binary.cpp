@@ -15,6 +15,7 @@
 
 #include <unordered_set>
 
+#include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 
 namespace llga {
@@ -26,12 +27,10 @@ using torch::jit::Value;
 
 namespace {
 
-bool is_binary(const Node* n) {
-  auto k = n->kind();
-  return k == c10::aten::add || k == c10::aten::sub || k == c10::aten::mul || k == c10::aten::div;
-}
+// Arithmetic binary ops, any overload (the op table's kAdditive: add, sub; kMultiplicative: mul, div).
+bool is_binary(const Node* n) { return kind_flags(n->kind()) & (kAdditive | kMultiplicative); }
 
-bool has_alpha(const Node* n) { return n->kind() == c10::aten::add || n->kind() == c10::aten::sub; }
+bool has_alpha(const Node* n) { return kind_flags(n->kind()) & kAdditive; }
 
 // A floating tensor whose type equals the node's output type: the op keeps its dtype and sizes.
 bool keeps_type(const Value* x, const Node* n) {

@@ -36,13 +36,13 @@ bool keep_every_requantization() {
   return !(env && std::strcmp(env, "0") == 0);
 }
 
-bool is_dequantize(const Value* v) { return v->node()->kind() == c10::aten::dequantize; }
+bool is_dequantize(const Value* v) { return onednn_kind(v->node()) == op::kind::Dequantize; }
 
 // add(dequantize(quantize(conv(dequantize(x), dequantize(w)))), dequantize(y)) where oneDNN would take
 // the add as a post-op of the int8 conv/linear: the quantized conv output is read by that add only.
 // Returns the add's operand to bypass (the dequantize), or nullptr.
 Value* requantized_conv_operand(Node* add) {
-  if (add->kind() != c10::aten::add || !map_node(add)) return nullptr;
+  if (onednn_kind(add) != op::kind::Add || !map_node(add)) return nullptr;
   for (size_t i = 0; i < 2; ++i) {
     Value* d = add->input(i);
     if (!is_dequantize(d) || !is_dequantize(add->input(1 - i)) || d->uses().size() != 1) continue;
@@ -113,9 +113,9 @@ bool fold_int8_adds(torch::jit::Block* block) {
     auto params = quantize_params(q);
     if (!params || q->output()->type()->expect<TensorType>()->scalarType() != c10::kQUInt8) continue;
     Node* relu = q->input(0)->node();
-    bool with_relu = relu->kind() == c10::aten::relu;
+    bool with_relu = onednn_kind(relu) == op::kind::ReLU;
     Node* add = with_relu ? relu->input(0)->node() : relu;
-    if (add->kind() != c10::aten::add || add->inputs().size() != 3 || add->output()->uses().size() != 1 ||
+    if (onednn_kind(add) != op::kind::Add || add->inputs().size() != 3 || add->output()->uses().size() != 1 ||
         (with_relu && relu->output()->uses().size() != 1))
       continue;
     auto alpha = torch::jit::constant_as<int64_t>(add->input(2));
@@ -153,7 +153,7 @@ std::optional<QuantParams> output_params(const Node* n) {
 void record_params_and_split(torch::jit::Block* block) {
   for (Node* n : block->nodes()) {
     for (auto* b : n->blocks()) record_params_and_split(b);
-    if (n->kind() != c10::aten::dequantize || n->inputs().size() != 1 || !is_tensor(n->input(0))) continue;
+    if (onednn_kind(n) != op::kind::Dequantize || n->inputs().size() != 1 || !is_tensor(n->input(0))) continue;
     if (auto q = output_params(n->input(0)->node())) {
       n->f_(kQuantScale, q->scale);
       n->i_(kQuantZeroPoint, q->zero_point);

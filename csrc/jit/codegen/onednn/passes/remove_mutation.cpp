@@ -41,7 +41,7 @@ void RemoveMutation(std::shared_ptr<Graph>& g) {
     std::string name = n->kind().toQualString();
     if (name.empty() || name.back() != '_') return false;
     auto functional = c10::Symbol::fromQualString(name.substr(0, name.size() - 1));
-    return (table_has_kind(functional) || functional == c10::aten::silu || functional == c10::aten::addmm) && keeps_dtype(n);
+    return functional_form_fuses(functional) && keeps_dtype(n);
   });
   fill_missing_types(g->block());  // the functional nodes' outputs are new, untyped values
   GRAPH_DUMP("After RemoveMutation", g);

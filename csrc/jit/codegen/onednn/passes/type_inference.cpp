@@ -24,9 +24,7 @@ TensorTypePtr contiguous_type(const TensorTypePtr& like, const std::vector<int64
 
 TensorTypePtr infer(const Node* n) {
   const OpEntry* e = find_entry(n);
-  bool elementwise_binary = n->kind() == c10::aten::mul || n->kind() == c10::aten::add ||
-                            n->kind() == c10::aten::sub || n->kind() == c10::aten::div;
-  if (elementwise_binary) {
+  if (kind_flags(n->kind()) & (kAdditive | kMultiplicative)) {  // arithmetic binary, any overload
     auto a = complete(n->input(0));
     if (!a) return nullptr;
     if (!is_tensor(n->input(1))) return a;  // Tensor op Scalar keeps the tensor's type
@@ -35,7 +33,7 @@ TensorTypePtr infer(const Node* n) {
     auto sizes = at::infer_size(*a->sizes().concrete_sizes(), *b->sizes().concrete_sizes());
     return contiguous_type(a, sizes);
   }
-  if (n->kind() == c10::aten::mm) {
+  if (e && (e->flags & kMatrixProduct2d)) {
     auto a = complete(n->input(0)), b = complete(n->input(1));
     if (!a || !b) return nullptr;
     return contiguous_type(a, {a->sizes().concrete_sizes()->at(0), b->sizes().concrete_sizes()->at(1)});
