@@ -5,6 +5,7 @@
 
 #include "jit/codegen/onednn/runtime/fusion_kernel.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
+#include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
 #include "build_info.h"
@@ -45,6 +46,7 @@ PYBIND11_MODULE(_C, m) {
     d["inplace_outputs"] = s.inplace_outputs.load();
     d["evictions"] = s.evictions.load();
     d["plan_runs"] = s.plan_runs.load();
+    d["plan_compilations"] = s.plan_compilations.load();
     d["cached_partitions"] = s.cached_partitions.load();
     d["kept_buffer_bytes"] = s.kept_buffer_bytes.load();
     d["slow_partitions"] = s.slow_partitions.load();
@@ -62,6 +64,23 @@ PYBIND11_MODULE(_C, m) {
                             {"_jit_pass_propagate_layout", llga::PropagateLayout},
                             {"_jit_pass_insert_guards", llga::InsertGuards}})
     m.def(name, [pass](std::shared_ptr<torch::jit::Graph> g) { pass(g); });
+  // The op table, for tests that walk it: per entry its schema, whether it maps to oneDNN, its
+  // flags by name and its small-graph plan step (0: none).
+  m.def("_op_table", [] {
+    pybind11::list rows;
+    for (const llga::OpEntry& e : llga::op_table()) {
+      pybind11::list flags;
+      for (unsigned bit = 1; bit; bit <<= 1)
+        if ((e.flags & bit) && llga::flag_name(bit)) flags.append(llga::flag_name(bit));
+      pybind11::dict row;
+      row["schema"] = e.schema;
+      row["onednn"] = e.maps_to_onednn();
+      row["flags"] = flags;
+      row["plan_step"] = static_cast<int>(e.plan_step);
+      rows.append(row);
+    }
+    return rows;
+  });
   m.def("_onednn_version", &llga::onednn::version);
   m.def("_onednn_library", [] { return llga::onednn::library_path(); });
   m.def("_quirk_active", [](const std::string& name) { return llga::quirks::enabled(name.c_str()); });

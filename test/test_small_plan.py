@@ -20,8 +20,11 @@ def planned(model, *inputs, ops, **tol):
         model.eval()
     with torch.no_grad():
         expected = model(*inputs)
+    compiled = torch_llga.stats()["plan_compilations"]
     fused = Fused(model, inputs)
     assert small_plans(fused.graph) == [ops], f"{fused.unfused}\n{fused.graph}"
+    # compiled once: the pass's compilation is the one the operator runs
+    assert torch_llga.stats()["plan_compilations"] - compiled == 1
     assert fused.groups == [] and fused.unfused == []
     before = torch_llga.stats()
     again = fused(*inputs)

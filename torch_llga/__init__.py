@@ -161,6 +161,7 @@ def stats():
     evictions: compiled partitions dropped from a full cache; cached_partitions: compiled partitions
     alive now (they go with their module);
     plan_runs: calls of small-graph plans (a whole graph of tiny tensors run as one native step);
+    plan_compilations: small-graph plans compiled (one per plan);
     kept_buffer_bytes: memory of freed oneDNN buffers and LLGA tensors kept for the next call
     (at most buffer_pool_limit(); release() gives it back)."""
     return dict(_C._stats())

@@ -53,7 +53,7 @@ void PlanSmallGraph(std::shared_ptr<Graph>& g) {
   Node* plan = torch::jit::SubgraphUtils::createSingletonSubgraph(nodes.back(), kSmallPlan);
   for (auto it = nodes.rbegin() + 1; it != nodes.rend(); ++it) torch::jit::SubgraphUtils::mergeNodeIntoSubgraph(*it, plan);
   std::string why;
-  if (!compile_small_plan(*plan->g(c10::attr::Subgraph), &why)) {
+  if (!compile_small_plan(plan, &why)) {
     GRAPH_DEBUG("No small-graph plan: ", why);
     torch::jit::SubgraphUtils::unmergeSubgraph(plan);
     return;

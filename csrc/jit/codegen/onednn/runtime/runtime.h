@@ -60,6 +60,7 @@ struct Stats {
   std::atomic<int64_t> inplace_outputs{0};    // outputs computed in an input's memory (a residual add's)
   std::atomic<int64_t> evictions{0};          // compiled partitions dropped by a full cache
   std::atomic<int64_t> plan_runs{0};          // calls of small-graph plans (llga::SmallPlan)
+  std::atomic<int64_t> plan_compilations{0};  // small-graph plans compiled (one per plan)
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
   std::atomic<int64_t> kept_buffer_bytes{0};  // freed buffers the pool keeps for reuse, now (runtime.cpp)
   std::atomic<int64_t> slow_partitions{0};    // compiled partitions run unfused: far slower than PyTorch (kernel.cpp)

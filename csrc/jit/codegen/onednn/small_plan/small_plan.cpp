@@ -23,9 +23,11 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
 #include "jit/codegen/onednn/small_plan/small_plan.h"
 
@@ -484,7 +486,7 @@ class Compiler {
     for (const Value* v : g_.outputs()) wanted_.insert(v);
     for (const Node* n : g_.nodes()) {
       if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct) continue;
-      const Handler* handle = find_handler(n);
+      auto handle = find_handler(n);
       if (!handle) return fail(std::string(n->kind().toQualString()) + " has no step in the small-graph plan");
       if (!(*handle)(*this, n)) return false;
       for (const Value* v : n->outputs()) {
@@ -542,17 +544,14 @@ class Compiler {
 
   using Handler = std::function<bool(Compiler&, const Node*)>;
 
-  // The table's handler for n's schema, if any.
-  static const Handler* find_handler(const Node* n) {
-    auto rule = rules().find(n->kind());
-    if (rule == rules().end() || !n->maybeOperator()) return nullptr;
-    for (const auto& [op, handle] : rule->second)
-      if (op->schema() == n->getOperator().schema()) return &handle;
-    return nullptr;
+  // The handler of n's step (the op table's plan_step for its schema), if any.
+  static std::optional<Handler> find_handler(const Node* n) {
+    const OpEntry* e = find_entry(n);
+    if (!e || e->plan_step == PlanStep::kNone) return std::nullopt;
+    return handler(e->plan_step);
   }
 
  private:
-  using Rules = std::unordered_map<c10::Symbol, std::vector<std::pair<std::shared_ptr<torch::jit::Operator>, Handler>>>;
 
   bool fail(std::string reason) {
     why_ = std::move(reason);
@@ -1012,64 +1011,47 @@ class Compiler {
     return [method](Compiler& c, const Node* n) { return (c.*method)(n); };
   }
 
-  // One entry per aten schema the plan has a step (or a layout) for.
-  static const Rules& rules() {
-    static const Rules r = [] {
-      std::vector<std::pair<const char*, Handler>> entries = {
-          {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", binary_alpha_step(Fn::kAdd)},
-          {"aten::add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", binary_alpha_step(Fn::kAdd)},
-          {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", binary_alpha_step(Fn::kSub)},
-          {"aten::sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", binary_alpha_step(Fn::kSub)},
-          {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", binary_step(Fn::kMul)},
-          {"aten::mul.Scalar(Tensor self, Scalar other) -> Tensor", binary_step(Fn::kMul)},
-          {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", binary_step(Fn::kDiv)},
-          {"aten::div.Scalar(Tensor self, Scalar other) -> Tensor", binary_step(Fn::kDiv)},
-          {"aten::maximum(Tensor self, Tensor other) -> Tensor", binary_step(Fn::kMaximum)},
-          {"aten::minimum(Tensor self, Tensor other) -> Tensor", binary_step(Fn::kMinimum)},
-          {"aten::relu(Tensor self) -> Tensor", unary_step(Fn::kRelu)},
-          {"aten::relu6(Tensor self) -> Tensor", by(&Compiler::relu6)},
-          {"aten::abs(Tensor self) -> Tensor", unary_step(Fn::kAbs)},
-          {"aten::square(Tensor self) -> Tensor", unary_step(Fn::kSquare)},
-          {"aten::sqrt(Tensor self) -> Tensor", unary_step(Fn::kSqrt)},
-          {"aten::log(Tensor self) -> Tensor", unary_step(Fn::kLog)},
-          {"aten::hardsigmoid(Tensor self) -> Tensor", unary_step(Fn::kHardSigmoid)},
-          {"aten::hardswish(Tensor self) -> Tensor", unary_step(Fn::kHardSwish)},
-          {"aten::silu(Tensor self) -> Tensor", unary_step(Fn::kSilu)},
-          {"aten::gelu(Tensor self, *, str approximate=\"none\") -> Tensor", by(&Compiler::gelu)},
-          {"aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", by(&Compiler::elu)},
-          {"aten::sigmoid(Tensor self) -> Tensor", unary_step(Fn::kSigmoid)},
-          {"aten::tanh(Tensor self) -> Tensor", unary_step(Fn::kTanh)},
-          {"aten::exp(Tensor self) -> Tensor", unary_step(Fn::kExp)},
-          {"aten::neg(Tensor self) -> Tensor", unary_step(Fn::kNeg)},
-          {"aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", by(&Compiler::clamp)},
-          {"aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor", by(&Compiler::clamp)},
-          {"aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor", by(&Compiler::leaky_relu)},
-          {"aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", by(&Compiler::transpose)},
-          {"aten::t(Tensor(a) self) -> Tensor(a)", by(&Compiler::t)},
-          {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)", by(&Compiler::permute)},
-          {"aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", by(&Compiler::unsqueeze)},
-          {"aten::squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)", by(&Compiler::squeeze)},
-          {"aten::flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", by(&Compiler::reshape)},
-          {"aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", by(&Compiler::reshape)},
-          {"aten::reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)", by(&Compiler::reshape)},
-          {"aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> Tensor(a)", by(&Compiler::contiguous)},
-          {"aten::dropout(Tensor input, float p, bool train) -> Tensor", by(&Compiler::dropout)},
-          {"aten::mm(Tensor self, Tensor mat2) -> Tensor", by(&Compiler::matmul)},
-          {"aten::bmm(Tensor self, Tensor mat2) -> Tensor", by(&Compiler::matmul)},
-          {"aten::matmul(Tensor self, Tensor other) -> Tensor", by(&Compiler::matmul)},
-          {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", by(&Compiler::linear)},
-          {"aten::addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", by(&Compiler::addmm)},
-          {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", by(&Compiler::cat)},
-      };
-      Rules r;
-      for (auto& [schema, handle] : entries) {
-        auto op = torch::jit::getOperatorForLiteral(schema);
-        TORCH_CHECK(op, "torch_llga: no operator ", schema);
-        r[c10::Symbol::fromQualString(op->schema().name())].emplace_back(op, handle);
-      }
-      return r;
-    }();
-    return r;
+  // What computes each step the op table names (op_table.cpp gives each schema its PlanStep).
+  static Handler handler(PlanStep step) {
+    switch (step) {
+      case PlanStep::kAdd: return binary_alpha_step(Fn::kAdd);
+      case PlanStep::kSub: return binary_alpha_step(Fn::kSub);
+      case PlanStep::kMul: return binary_step(Fn::kMul);
+      case PlanStep::kDiv: return binary_step(Fn::kDiv);
+      case PlanStep::kMaximum: return binary_step(Fn::kMaximum);
+      case PlanStep::kMinimum: return binary_step(Fn::kMinimum);
+      case PlanStep::kRelu: return unary_step(Fn::kRelu);
+      case PlanStep::kAbs: return unary_step(Fn::kAbs);
+      case PlanStep::kSquare: return unary_step(Fn::kSquare);
+      case PlanStep::kSqrt: return unary_step(Fn::kSqrt);
+      case PlanStep::kLog: return unary_step(Fn::kLog);
+      case PlanStep::kHardSigmoid: return unary_step(Fn::kHardSigmoid);
+      case PlanStep::kHardSwish: return unary_step(Fn::kHardSwish);
+      case PlanStep::kSilu: return unary_step(Fn::kSilu);
+      case PlanStep::kSigmoid: return unary_step(Fn::kSigmoid);
+      case PlanStep::kTanh: return unary_step(Fn::kTanh);
+      case PlanStep::kExp: return unary_step(Fn::kExp);
+      case PlanStep::kNeg: return unary_step(Fn::kNeg);
+      case PlanStep::kRelu6: return by(&Compiler::relu6);
+      case PlanStep::kGelu: return by(&Compiler::gelu);
+      case PlanStep::kElu: return by(&Compiler::elu);
+      case PlanStep::kClamp: return by(&Compiler::clamp);
+      case PlanStep::kLeakyRelu: return by(&Compiler::leaky_relu);
+      case PlanStep::kTranspose: return by(&Compiler::transpose);
+      case PlanStep::kT: return by(&Compiler::t);
+      case PlanStep::kPermute: return by(&Compiler::permute);
+      case PlanStep::kUnsqueeze: return by(&Compiler::unsqueeze);
+      case PlanStep::kSqueeze: return by(&Compiler::squeeze);
+      case PlanStep::kReshape: return by(&Compiler::reshape);
+      case PlanStep::kContiguous: return by(&Compiler::contiguous);
+      case PlanStep::kDropout: return by(&Compiler::dropout);
+      case PlanStep::kCat: return by(&Compiler::cat);
+      case PlanStep::kMatmul: return by(&Compiler::matmul);
+      case PlanStep::kLinear: return by(&Compiler::linear);
+      case PlanStep::kAddmm: return by(&Compiler::addmm);
+      case PlanStep::kNone: break;
+    }
+    return nullptr;
   }
 
   const Graph& g_;
@@ -1088,14 +1070,63 @@ class Compiler {
 
 }  // namespace
 
-bool small_plan_has_step(const Node* n) { return Compiler::find_handler(n) != nullptr; }
+bool small_plan_has_step(const Node* n) { return Compiler::find_handler(n).has_value(); }
 
-std::shared_ptr<const SmallProgram> compile_small_plan(const Graph& subgraph, std::string* why) {
+namespace {
+
+std::shared_ptr<const SmallProgram> compile(const Graph& subgraph, std::string* why) {
   auto p = std::make_shared<SmallProgram>();
   Compiler c(subgraph, *p);
-  if (c.compile()) return p;
-  if (why) *why = c.why();
-  return nullptr;
+  if (!c.compile()) {
+    if (why) *why = c.why();
+    return nullptr;
+  }
+  runtime::stats().plan_compilations.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+
+// The programs PlanSmallGraph compiled, by the id it gave the node, until the node's operator
+// takes its program. The interpreter runs a copy of the graph (attributes copied, subgraphs
+// copied too), so the id, not the subgraph, finds it. An entry lives while the graph the pass
+// planned does; one whose graph is gone (a plan no operator was made for) goes at the next plan.
+struct KeptPrograms {
+  std::mutex mutex;
+  int64_t next_id = 1;
+  std::unordered_map<int64_t, std::pair<std::weak_ptr<Graph>, std::shared_ptr<const SmallProgram>>> by_id;
+};
+KeptPrograms& kept_programs() {
+  static KeptPrograms kept;
+  return kept;
+}
+const c10::Symbol kPlanId = c10::Symbol::attr("plan_id");
+
+std::shared_ptr<const SmallProgram> program_of(const Node* plan) {
+  if (plan->hasAttribute(kPlanId)) {
+    KeptPrograms& kept = kept_programs();
+    std::lock_guard<std::mutex> lock(kept.mutex);
+    auto it = kept.by_id.find(plan->i(kPlanId));
+    if (it != kept.by_id.end()) return it->second.second;
+  }
+  std::string why;
+  auto program = compile(*plan->g(c10::attr::Subgraph), &why);
+  TORCH_CHECK(program, "torch_llga: a small-graph plan no longer compiles (", why, ")");
+  return program;
+}
+
+}  // namespace
+
+bool compile_small_plan(Node* plan, std::string* why) {
+  std::shared_ptr<Graph> subgraph = plan->g(c10::attr::Subgraph);
+  auto program = compile(*subgraph, why);
+  if (!program) return false;
+  KeptPrograms& kept = kept_programs();
+  std::lock_guard<std::mutex> lock(kept.mutex);
+  for (auto it = kept.by_id.begin(); it != kept.by_id.end();)
+    it = it->second.first.expired() ? kept.by_id.erase(it) : std::next(it);
+  int64_t id = kept.next_id++;
+  kept.by_id[id] = {subgraph, program};
+  plan->i_(kPlanId, id);
+  return true;
 }
 
 namespace {
@@ -1104,9 +1135,7 @@ torch::jit::RegisterOperators registered({
     torch::jit::Operator(
         kSmallPlan,
         [](const Node* node) -> torch::jit::Operation {
-          std::string why;
-          auto program = compile_small_plan(*node->g(c10::attr::Subgraph), &why);
-          TORCH_CHECK(program, "torch_llga: a small-graph plan no longer compiles (", why, ")");
+          auto program = program_of(node);
           return [program](Stack& stack) { run_plan(*program, stack); };
         },
         c10::AliasAnalysisKind::PURE_FUNCTION),

@@ -44,8 +44,9 @@ struct SmallProgram;
 // Whether the plan has a step (or a layout) for n's op.
 bool small_plan_has_step(const torch::jit::Node* n);
 
-// The program for a subgraph whose values carry complete profiled types, or null with the reason
-// in `why` (an op the plan has no step for, a dtype, a size over the limits, ...).
-std::shared_ptr<const SmallProgram> compile_small_plan(const torch::jit::Graph& subgraph, std::string* why);
+// Compiles the program of a llga::SmallPlan node's subgraph (whose values carry complete profiled
+// types) and keeps it for the node's operator, so a plan is compiled once. False, with the reason
+// in `why` (an op the plan has no step for, a dtype, a size over the limits, ...), if it has none.
+bool compile_small_plan(torch::jit::Node* plan, std::string* why);
 
 }  // namespace llga
