@@ -17,7 +17,7 @@ def install_command(package):
     return f"pip install {package}"
 
 
-def missing(package, what):
+def missing(what, package):
     """One sentence: `what` needs `package`, which is not installed, and the command that installs it."""
     return f"{what} needs {package}, which is not installed: {install_command(package)}"
 
