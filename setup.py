@@ -10,7 +10,6 @@ import sys
 
 import torch
 from setuptools import find_packages, setup
-from setuptools.command.build_py import build_py
 from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -62,21 +61,13 @@ else:
     mode = ""
 build_dirs = {"build_temp": f"build/{TORCH_BUILD}/temp{mode}", "build_lib": f"build/{TORCH_BUILD}/lib{mode}"}
 
-# Tools run from a checkout (python -m torch_llga.bench, .check_models, .demo, .layer_times); the wheel ships
-# the library and its CLI only.
-TOOLS = {"bench", "bench_models", "check_models", "demo", "layer_times"}
-
-
-class BuildPyWithoutTools(build_py):
-    def find_package_modules(self, package, package_dir):
-        modules = super().find_package_modules(package, package_dir)
-        return [m for m in modules if not (package == "torch_llga" and m[1] in TOOLS)]
-
-
 setup(
     name="torch_llga",
     version="0.1.0",
     description="A oneDNN Graph (LLGA) fuser for TorchScript on CPU",
+    # The library, its command line and its tools (python -m torch_llga.bench, .check_models, .demo,
+    # .layer_times): the tools' models and runtimes (torchvision, transformers, matplotlib, OpenVINO,
+    # ONNX Runtime) are optional, and a tool names the one it misses.
     packages=find_packages(include=["torch_llga", "torch_llga.*"]),
     # TORCH_LLGA_METADATA_ONLY=1: the Makefile's editable registration, which needs no build of its
     # own (the extension is built in place by `setup.py build_ext --inplace`).
@@ -91,7 +82,7 @@ setup(
     ],
     # torch.compile(model, backend="torch_llga"): Dynamo finds backends by this entry point.
     entry_points={"torch_dynamo_backends": ["torch_llga = torch_llga.dynamo:torch_llga_backend"]},
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "build_py": BuildPyWithoutTools},
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     options={"build_ext": build_dirs},
     python_requires=">=3.10",
     # The library is bound to the torch it was compiled against (its C++ ABI and operator symbols):

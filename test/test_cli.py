@@ -1,4 +1,9 @@
-"""python -m torch_llga run / explain on saved models, and its one-line errors."""
+"""python -m torch_llga run / explain on saved models, and its one-line errors; the tools the docs
+name (python -m torch_llga.<tool>) are in the wheel, start without the optional packages, and name
+the one they miss."""
+import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -111,3 +116,56 @@ def test_layer_times_groups_partitions_by_kind():
                                                   ("sdp", "matmul;softmax;matmul")]
     assert by_partition_kind(parts) == [("matmul_post_ops", "linear", "", pytest.approx(1.0), 1),
                                         ("sdp", "matmul;softmax;matmul", "", pytest.approx(0.9), 2)]
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OPTIONAL = ["torchvision", "transformers", "matplotlib", "openvino", "onnxruntime", "onnx"]
+
+
+def documented_tools():
+    """Every `python -m torch_llga[.tool]` the README, docs/ and BENCHMARKS.md show."""
+    docs = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return sorted({m for doc in docs for m in re.findall(r"python -m (torch_llga(?:\.\w+)?)", doc.read_text())})
+
+
+def without_optional(module, *args):
+    """python -m module args, from the checkout, as if no optional package were installed (nor test/
+    on the path)."""
+    hide = "".join(f"sys.modules[{name!r}] = None; " for name in OPTIONAL)
+    code = f"import runpy, sys; {hide}sys.argv = [{module!r}, *sys.argv[1:]]; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_the_docs_name_the_tools():
+    assert {"torch_llga", "torch_llga.bench", "torch_llga.check_models", "torch_llga.layer_times"} <= set(documented_tools())
+
+
+@pytest.mark.parametrize("module", documented_tools())
+def test_documented_tool_help_runs_without_optional_packages(module):
+    out = without_optional(module, "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: python -m {module} ")
+
+
+def test_the_wheel_holds_every_documented_tool(tmp_path):
+    """setup.py's build_py (what the wheel's Python files are), without compiling anything."""
+    out = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path), "build_py",
+                          "--build-lib", str(tmp_path / "lib")], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, TORCH_LLGA_METADATA_ONLY="1"))
+    assert out.returncode == 0, out.stderr
+    shipped = {p.name for p in (tmp_path / "lib" / "torch_llga").glob("*.py")}
+    for module in documented_tools():
+        assert (module.replace("torch_llga", "", 1).lstrip(".") or "__main__") + ".py" in shipped, module
+    # The tools import only the package (never test/): all of its modules ship.
+    assert shipped == {p.name for p in (ROOT / "torch_llga").glob("*.py")}
+
+
+@pytest.mark.parametrize("module,args,message", [
+    ("torch_llga.demo", [], "the demo needs torchvision, which is not installed: pip install torchvision"),
+    ("torch_llga.layer_times", ["--model", "mobilenet_v2"], "mobilenet_v2 needs torchvision"),
+    ("torch_llga.bench", ["--models", "mlp", "--out", "x"], "needs matplotlib, which is not installed: pip install matplotlib"),
+    ("torch_llga.check_models", ["--models", "resnet18,gpt2"], "skipping gpt2: transformers is not installed (pip install transformers)"),
+])
+def test_a_missing_optional_package_is_named(module, args, message):
+    out = without_optional(module, *args)
+    assert message in out.stderr and "Traceback" not in out.stderr

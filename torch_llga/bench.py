@@ -1,5 +1,7 @@
 """Benchmark: torch_llga beside eager, TorchScript, PyTorch's built-in oneDNN fuser and torch.compile,
-and beside OpenVINO and ONNX Runtime (benchmark-only: pip install -r requirements-bench.txt).
+and beside OpenVINO and ONNX Runtime (benchmark-only: pip install openvino onnxruntime onnx; a checkout
+pins them in requirements-bench.txt). Models from torchvision or transformers need that package; a
+model whose package is not installed is skipped, with a note saying what to install.
 
     python -m torch_llga.bench [--models resnet50,lld6] [--backends ...] [--threads 2] [--out bench_out/run]
     python -m torch_llga.bench --dtype int8 --models resnet50   # torch_llga vs FX convert_fx (x86) vs fp32
@@ -43,7 +45,8 @@ import warnings
 import torch
 
 import torch_llga
-from torch_llga.bench_models import MODELS
+from torch_llga import _optional
+from torch_llga.bench_models import MODELS, PACKAGE
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
             "torchscript_fp32", "torch_llga_fast", "openvino", "onnxruntime", "torch_llga_no_plans"]
@@ -136,7 +139,7 @@ def bench_import(module):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"{module} is not installed: pip install -r requirements-bench.txt") from e
+        raise ImportError(_optional.not_installed(module)) from e
 
 
 def numpy_ready(x):
@@ -384,7 +387,8 @@ def plot(rows, backends, path):
 
 def main(argv=None):
     warnings.filterwarnings("ignore")  # the run's own output only (importing this module changes nothing)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m torch_llga.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,resnet18_64,mobilenet_v2,mobilenet_v3_large,vit_b_16,bert_base,"
                         "deep_and_wide,deep_and_wide_64,lld6,xml_cnn,mlp,conv3x3_512",
                         help="comma-separated, from: " + ", ".join(MODELS))
@@ -399,7 +403,7 @@ def main(argv=None):
     parser.add_argument("--sample-ms", type=float, default=150.0,
                         help="timed calls per backend per round: enough for about this long (at least one)")
     parser.add_argument("--json", help="write the raw results here")
-    parser.add_argument("--out", help="write <out>.md (the table) and <out>.png (a bar chart)")
+    parser.add_argument("--out", help="write <out>.md (the table) and <out>.png (a bar chart: needs matplotlib)")
     args = parser.parse_args(argv)
 
     models = [m for m in args.models.split(",") if m]
@@ -414,6 +418,14 @@ def main(argv=None):
             parser.error(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
         if b in INT8_ONLY and args.dtype != "int8":
             parser.error(f"backend {b} is an int8 comparison: use it with --dtype int8")
+    if args.out and not _optional.installed("matplotlib"):
+        parser.error(_optional.missing("--out (its chart)", "matplotlib"))
+    for m in list(models):
+        if m in PACKAGE and not _optional.installed(PACKAGE[m]):
+            print(f"skipping {m}: {_optional.not_installed(PACKAGE[m])}", file=sys.stderr)
+            models.remove(m)
+    if not models:
+        sys.exit("no model to run")
     torch.set_num_threads(args.threads)
 
     rows = []

@@ -1,4 +1,5 @@
-"""The benchmark's models, random weights (nothing downloaded), each with its example inputs."""
+"""The benchmark's models, random weights (nothing downloaded), each with its example inputs. Some
+come from torchvision or transformers (PACKAGE): optional, named when missing."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -111,3 +112,7 @@ MODELS = {
 
 # The machine's conv throughput reference: one large 3x3 conv (3.7 GFLOP).
 MODELS["conv3x3_512"] = lambda b: (nn.Conv2d(512, 512, 3, padding=1), (torch.rand(b, 512, 28, 28),))
+
+# The package a model's definition comes from, beyond torch.
+PACKAGE = {**dict.fromkeys(["resnet50", "resnet18_64", "mobilenet_v2", "mobilenet_v3_large", "vit_b_16"], "torchvision"),
+           "bert_base": "transformers"}

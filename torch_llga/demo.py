@@ -10,6 +10,7 @@ import warnings
 import torch
 
 import torch_llga
+from torch_llga import _optional
 from torch_llga.report import format_groups, fusion_groups, unfused_ops
 
 
@@ -22,14 +23,16 @@ def median_ms(fn, x, runs):
     return statistics.median(times)
 
 
-def main():
-    import torchvision
-
+def main(argv=None):
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notes
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m torch_llga.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet50", help="a torchvision model name")
     parser.add_argument("--runs", type=int, default=30)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if not _optional.installed("torchvision"):
+        raise SystemExit(_optional.missing("the demo", "torchvision"))
+    import torchvision
 
     torch.manual_seed(0)
     model = getattr(torchvision.models, args.model)().eval()  # random weights: nothing downloaded

@@ -30,11 +30,21 @@ import torch
 VERBOSE_PREFIX = "onednn_verbose,v1,"
 
 
-def model_and_inputs(name):
-    from torch_llga.bench_models import MODELS
+def check_model(name):
+    """Exits with one sentence if `name` is not a bench model or its package is not installed."""
+    from torch_llga import _optional
+    from torch_llga.bench_models import MODELS, PACKAGE
 
     if name not in MODELS:
         sys.exit(f"unknown model '{name}'; the bench's models are: {', '.join(MODELS)}")
+    if name in PACKAGE and not _optional.installed(PACKAGE[name]):
+        sys.exit(_optional.missing(name, PACKAGE[name]))
+
+
+def model_and_inputs(name):
+    from torch_llga.bench_models import MODELS
+
+    check_model(name)
     model, inputs = MODELS[name](1)
     return model.eval(), inputs
 
@@ -112,6 +122,9 @@ def torch_llga_layers(args, verbose="profile_exec"):
         verbose.seek(begin)
         text = verbose.read(end - begin).decode(errors="replace")
     prim_rows, part_rows = executions(text, "primitive"), executions(text, "graph")
+    if not part_rows:
+        sys.exit(f"no oneDNN partition ran in {args.model}'s calls: a small-graph plan runs it whole "
+                 "(TORCH_LLGA_SMALL_PLANS=0 shows oneDNN's partitions instead)")
     prims = per_call(prim_rows, args.calls) if prim_rows else []  # none printed under filter=graph
     parts = per_call(part_rows, args.calls)
     if prims is None or parts is None:
@@ -167,7 +180,7 @@ def print_layers(title, layers, top):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m torch_llga.layer_times", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="mobilenet_v2")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
@@ -180,6 +193,12 @@ def main(argv=None):
 
     from torch_llga.bench import cpu_name
 
+    check_model(args.model)  # before the children run
+    if args.openvino:
+        from torch_llga import _optional
+
+        if not _optional.installed("openvino"):
+            sys.exit(_optional.missing("--openvino", "openvino"))
     # Partitions first, with only their lines printed (filter=graph): a partition's wall time is then
     # not inflated by the printing of its primitives' lines (oneDNN's SDPA prints hundreds a call).
     wall, _, parts = torch_llga_layers(args, "profile_exec,filter=graph")
