@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
+#include <sstream>
+
 #include "jit/codegen/onednn/runtime/fusion_kernel.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
@@ -84,6 +86,32 @@ PYBIND11_MODULE(_C, m) {
   m.def("_onednn_version", &llga::onednn::version);
   m.def("_onednn_library", [] { return llga::onednn::library_path(); });
   m.def("_quirk_active", [](const std::string& name) { return llga::quirks::enabled(name.c_str()); });
+  // The quirk registry (onednn_quirks.cpp), a dict a row; active_here: the workaround applies here.
+  m.def("_quirks", [] {
+    auto words = [](const char* s) {
+      pybind11::list l;
+      std::istringstream in(s);
+      for (std::string w; in >> w;) l.append(w);
+      return l;
+    };
+    auto or_none = [](const char* s) { return *s ? pybind11::object(pybind11::str(s)) : pybind11::object(pybind11::none()); };
+    pybind11::list rows;
+    for (const auto& q : llga::quirks::registry()) {
+      pybind11::dict d;
+      d["name"] = q.name;
+      d["fault"] = q.fault;
+      d["seen_on"] = words(q.seen_on);
+      d["fixed_in"] = or_none(q.fixed_in);
+      d["test"] = words(q.test);
+      d["asked_in"] = q.asked_in;
+      d["kernels"] = or_none(q.kernels);
+      d["active_here"] = llga::quirks::enabled(q.name);
+      rows.append(d);
+    }
+    return rows;
+  });
+  if (auto warning = llga::quirks::off_list_warning(); !warning.empty())
+    if (PyErr_WarnEx(PyExc_UserWarning, warning.c_str(), 1) < 0) throw pybind11::error_already_set();
   m.def("_onednn_cpu", [] {
     const auto& cpu = llga::onednn::cpu();
     pybind11::dict d;

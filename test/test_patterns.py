@@ -260,7 +260,7 @@ def test_one_row_matmul_then_full_size_add_stays_in_pytorch():
     # an add of the output's sizes, its "sum" post-op, from about K >= 1088 and N >= 512: a batch-1
     # classifier plus a residual, one token through a transformer's MLP. That add stays in PyTorch;
     # with two rows, or in bf16, it fuses.
-    # oneDNN 3.13.3 runs that kernel right: the add fuses there (onednn_quirks.cpp, kFixedIn).
+    # oneDNN 3.13.3 runs that kernel right: the add fuses there (its fixed_in, onednn_quirks.cpp).
     add = [] if torch_llga._C._quirk_active("one_row_matmul_sum_post_op") else ["add"]
     assert add == ([] if torch_llga.onednn_version() in ("3.11.2", "3.12.0") else add)
     fc = nn.Linear(2048, 1000).requires_grad_(False)
@@ -942,3 +942,25 @@ def test_dilated_size_one_kernel_grouped_fp32():
         torch.testing.assert_close(fused(y), fn(y.contiguous()), **FP32)
         after = torch_llga.stats()
         assert after["executions"] == before["executions"] + 1  # the group ran it, not the guard's fallback
+
+
+def test_global_average_pool_of_a_conv_runs_no_reference_kernel():
+    # adaptive_avg_pool2d to 1x1 of a convolution's output (oneDNN's channels-last or blocked
+    # layout), the end of every ResNet and MobileNet: given to oneDNN as an average pool, which
+    # runs a fast kernel (as a ReduceMean oneDNN reduced such a layout with its reference kernel).
+    code = """
+import torch, torch.nn as nn, torch_llga
+m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+x = torch.randn(2, 3, 28, 28)
+torch_llga.enable()
+with torch.no_grad():
+    f = torch.jit.freeze(torch.jit.trace(m, x))
+    for _ in range(3):
+        y = f(x)
+    torch.testing.assert_close(y, m(x), rtol=1e-5, atol=1e-5)
+"""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "TORCH_LLGA_SMALL_PLANS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
+    assert any(",pooling," in line or ",reduction," in line for line in executions), executions
+    assert not [line for line in executions if ",ref:" in line]

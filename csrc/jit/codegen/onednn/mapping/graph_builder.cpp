@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
 
@@ -149,6 +150,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
     try {
       g.add_op(op(next_id++, op::kind::End, lts({v}, opts.ranks_only), {}, "end"));
     } catch (const dnnl::error& e) {
+      if (!quirks::enabled("end_of_boolean_output")) throw;
       // oneDNN v3.2's End takes no boolean tensor (a mask the graph returns). Only PyTorch ops
       // (wildcards) produce those, and no partition holds a wildcard: the End is not needed.
       GRAPH_DEBUG("No End op for graph output %", v->debugName(), " (", e.what(), ")");
@@ -163,6 +165,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
     runtime::stats().partitionings.fetch_add(1, std::memory_order_relaxed);
     built.partitions = g.get_partitions(dnnl::graph::partition::policy::fusion);
   } catch (const std::exception& e) {
+    if (!quirks::enabled("partitioning_throws")) throw;
     GRAPH_DEBUG("oneDNN could not partition the block (", e.what(), "): left to PyTorch");
     built.partitions.clear();
     built.failure = e.what();

@@ -1,24 +1,44 @@
 #pragma once
-// Every oneDNN fault torch_llga works around, in one place. Each is a named predicate: true where
-// the fault would be hit, so the caller keeps that op (or layout) away from oneDNN. The comment on
-// each definition (onednn_quirks.cpp) names the fault, the oneDNN version it was seen on and the
-// regression test that covers it.
+// Every oneDNN fault torch_llga works around, in one place: a registry (kQuirks in
+// onednn_quirks.cpp), one row a workaround, with its name, the fault, the oneDNN versions it was
+// seen on and fixed in, its regression tests and where the workaround lives. Most rows also have a
+// predicate here: true where the fault would be hit, so the caller keeps that op (or layout) away
+// from oneDNN. The others' code asks enabled("name").
 //
 // TORCH_LLGA_QUIRKS_OFF=name[,name...] (or "all") turns workarounds off, to re-test them on a new
-// oneDNN; never for production use. `python test/quirk_probes.py` runs, per workaround, a probe of
-// the fault itself with the workaround off and on; docs/quirks.md has its results per oneDNN version
-// (3.11.2, 3.12.0, 3.13.3) and CPU. A workaround applies on every version unless its fault was
-// shown gone from one on (kFixedIn in onednn_quirks.cpp).
+// oneDNN; never for production use. A workaround is off by itself on the oneDNN release its row
+// says the fault is gone from, and after. test/test_quirks.py runs each row's regression tests with
+// it off; test/quirk_probes.py probes the fault itself; docs/quirks.md has both per oneDNN version.
 #include <torch/csrc/jit/ir/ir.h>
 
+#include <span>
+#include <string>
 #include <unordered_set>
 
 namespace llga::quirks {
 
 using torch::jit::Node;
 
+// One row of the registry.
+struct Quirk {
+  const char* name;
+  const char* fault;     // what oneDNN does wrong, one sentence
+  const char* seen_on;   // the oneDNN versions the fault showed on, space-separated
+  const char* fixed_in;  // the first version the fault is gone from ("": none); the workaround is off there and after
+  const char* test;      // its regression tests, pytest node ids from the repository root, space-separated
+  const char* asked_in;  // where the workaround is: its predicate, or the code that asks enabled()
+  const char* kernels;   // "": any CPU; else the kernels the fault was seen in ("avx512", "bf16"), which other CPUs never run
+};
+
+std::span<const Quirk> registry();
+
 // Whether the workaround of this name applies here (not switched off, not fixed in this oneDNN).
+// The name must be a row's (an internal error otherwise).
 bool enabled(const char* name);
+
+// Non-empty when TORCH_LLGA_QUIRKS_OFF names something that is no quirk: the warning, with the
+// valid names (the module's import shows it).
+std::string off_list_warning();
 
 // op_table.cpp: mappings refused.
 bool matmul_last_dim_broadcast_post_op(const Node* binary);  // matmul(..) + [.., 1]: wrong (2-D: reference kernel)

@@ -180,8 +180,8 @@ bool pow_scalar(const Node* n, OpSpec& s) {
   s.in(n->input(0));
   // oneDNN v3.2 fuses no Pow partition; the two common exponents have ops of their own, which
   // compute what PyTorch's pow does for them (x*x and sqrt).
-  if (*e == 2.0) s.kind = K::Square;
-  else if (*e == 0.5) s.kind = K::Sqrt;
+  if (*e == 2.0 && quirks::enabled("pow_as_square_sqrt")) s.kind = K::Square;
+  else if (*e == 0.5 && quirks::enabled("pow_as_square_sqrt")) s.kind = K::Sqrt;
   else s.attr(A::beta, static_cast<float>(*e));
   return true;
 }
@@ -263,6 +263,8 @@ bool avg_pool2d(const Node* n, OpSpec& s) {
 bool global_avg_pool(const Node* n, OpSpec& s) {
   auto out = ints_arg(n, 1);
   if (rank(n->input(0)) != 4 || !out || *out != Ints{1, 1}) return false;
+  if (!quirks::enabled("global_avg_pool_as_avg_pool"))  // a mean over H and W
+    return s.kind = K::ReduceMean, s.in(n->input(0)).attr(A::axes, Ints{2, 3}).attr(A::keep_dims, true), true;
   Ints in = sizes(n->input(0));
   s.shape_specific = true;
   s.in(n->input(0)).attr(A::kernel, Ints{in[2], in[3]}).attr(A::strides, Ints{1, 1}).attr(A::pads_begin, Ints{0, 0})

@@ -12,6 +12,7 @@
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/passes/type_inference.h"
@@ -193,13 +194,17 @@ torch::jit::RegisterOperators registered_bias({torch::jit::Operator(
 // run at other sizes, and its fallback, the spelled-out attention too, at other dtypes (a profiled
 // fp32 scale made a bf16 call's scores fp32, and its last matmul fail).
 const c10::Symbol kSdpaScale = c10::Symbol::fromQualString("llga::sdpa_scale");
+c10::IntArrayRef sdpa_scale_sizes() {  // [1] where quirks' sdpa_scale_4d is off
+  static const std::vector<int64_t> sizes(quirks::enabled("sdpa_scale_4d") ? 4 : 1, 1);
+  return sizes;
+}
 torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
     "llga::sdpa_scale(Tensor query, float? scale) -> Tensor",
     [](torch::jit::Stack& stack) {
       auto scale = torch::jit::pop(stack).toOptional<double>();
       at::Tensor q = torch::jit::pop(stack).toTensor();
       double value = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-      torch::jit::push(stack, at::full({1, 1, 1, 1}, value, q.options()));
+      torch::jit::push(stack, at::full(sdpa_scale_sizes(), value, q.options()));
     },
     c10::AliasAnalysisKind::FROM_SCHEMA)});
 
@@ -277,7 +282,7 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     std::vector<int64_t> score_sizes = {qs[0], qs[1], qs[2], ks[2]};
     Value* scores = typed(g->insert(c10::aten::matmul, {n->input(0), kt}), *q, score_sizes, contiguous(score_sizes));
     Value* factor = g->insert(kSdpaScale, {n->input(0), n->input(6)});
-    factor->setType(c10::TensorType::create(at::full({1, 1, 1, 1}, 1.0, options)));
+    factor->setType(c10::TensorType::create(at::full(sdpa_scale_sizes(), 1.0, options)));
     scores = typed(g->insert(c10::aten::mul, {scores, factor}), *q, score_sizes, contiguous(score_sizes));
     if (bool_mask) {
       // Added, not selected: oneDNN runs the scores' matmul with a select post-op as a plain gemm,
@@ -369,7 +374,7 @@ void DecomposeOps(std::shared_ptr<Graph>& g) {
   });
 
   remove_eval_dropout(g->block());
-  widen_bf16_layer_norm_params(g->block());
+  if (quirks::enabled("bf16_layer_norm_fp32_params")) widen_bf16_layer_norm_params(g->block());
   fill_missing_types(g->block());
   GRAPH_DUMP("After DecomposeOps", g);
 }
