@@ -45,7 +45,8 @@ UNARY = [
 ]
 
 
-@pytest.mark.parametrize("op,fn,inp", UNARY, ids=[f"{u[0]}-{i}" for i, u in enumerate(UNARY)])
+# ids: the op and its case number among its own (pow-0, pow-1): stable when ops are added
+@pytest.mark.parametrize("op,fn,inp", UNARY, ids=[f"{u[0]}-{[v[0] for v in UNARY[:i]].count(u[0])}" for i, u in enumerate(UNARY)])
 def test_unary(op, fn, inp):
     check(fn, inp, groups=[[op]])
 
