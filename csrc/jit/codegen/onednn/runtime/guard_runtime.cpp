@@ -11,6 +11,7 @@
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/runtime/to_dense.h"
 
 namespace llga {
 

@@ -21,6 +21,8 @@
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/runtime/to_dense.h"
+#include "onednn/buffer_pool.h"
 
 namespace llga {
 
@@ -125,9 +127,9 @@ at::Tensor image_to_channels_last(const at::Tensor& t) {
     return t;
   // From the buffer pool: the same size comes back on every call (fresh memory: a fault per page).
   const size_t nbytes = t.nbytes();
-  void* p = runtime::allocate_buffer(nbytes, 64);
+  void* p = onednn::allocate_buffer(nbytes, 64);
   TORCH_CHECK(p, "torch_llga: out of memory allocating ", nbytes, " bytes");
-  at::Tensor out = at::from_blob(p, t.sizes(), c10::get_channels_last_strides_2d(t.sizes()), &runtime::free_buffer, t.options());
+  at::Tensor out = at::from_blob(p, t.sizes(), c10::get_channels_last_strides_2d(t.sizes()), &onednn::free_buffer, t.options());
   const int64_t plane = t.size(2) * t.size(3);
   if (t.scalar_type() == at::kFloat)
     interleave(static_cast<const uint32_t*>(t.const_data_ptr()), static_cast<uint32_t*>(out.data_ptr()), t.size(0), t.size(1), plane);
