@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
+#include "jit/codegen/onednn/runtime/compile_cache.h"
 #include "jit/codegen/onednn/runtime/fusion_kernel.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/passes/passes.h"
@@ -30,6 +31,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_capacity", &llga::runtime::cache_capacity);
   m.def("_release", [](const std::shared_ptr<torch::jit::Graph>& g) { return llga::release_compiled_partitions(g.get()); });
   m.def("_release_all", [] { return llga::release_compiled_partitions(nullptr); });
+  // For tests only: each compilation of a new key sleeps this long first (0: none), so a test can
+  // show other threads' cached calls of the group going on meanwhile (test_threads.py).
+  m.def("_test_delay_compile_ms", &llga::set_compile_delay_for_tests);
   m.def("_constant_cache_enabled", &llga::runtime::constant_cache_enabled);
   m.def("_flush_constant_cache", &llga::runtime::flush_constant_cache);
   m.def("_buffer_pool_limit", &llga::onednn::buffer_pool_limit);
