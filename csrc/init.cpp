@@ -5,12 +5,14 @@
 
 #include <sstream>
 
+#include "jit/codegen/onednn/runtime/compile_cache.h"
 #include "jit/codegen/onednn/runtime/fusion_kernel.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
 #include "build_info.h"
+#include "onednn/buffer_pool.h"
 #include "onednn/torch_onednn.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -18,7 +20,7 @@ PYBIND11_MODULE(_C, m) {
   if (!llga::onednn::load_error().empty()) throw pybind11::import_error(llga::onednn::load_error());
   // Reached only past torch_llga/_build.py's check of the recorded torch (a library loaded by hand).
   if (!llga::torch_mismatch().empty()) throw pybind11::import_error(llga::torch_mismatch());
-  if (auto error = llga::runtime::buffer_pool_env_error(); !error.empty()) throw pybind11::import_error(error);
+  if (auto error = llga::onednn::buffer_pool_env_error(); !error.empty()) throw pybind11::import_error(error);
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
   m.def("_set_fuse_all_partitions", &llga::runtime::set_fuse_all_partitions);
@@ -32,10 +34,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_capacity", &llga::runtime::cache_capacity);
   m.def("_release", [](const std::shared_ptr<torch::jit::Graph>& g) { return llga::release_compiled_partitions(g.get()); });
   m.def("_release_all", [] { return llga::release_compiled_partitions(nullptr); });
+  // For tests only: each compilation of a new key sleeps this long first (0: none), so a test can
+  // show other threads' cached calls of the group going on meanwhile (test_threads.py).
+  m.def("_test_delay_compile_ms", &llga::set_compile_delay_for_tests);
   m.def("_constant_cache_enabled", &llga::runtime::constant_cache_enabled);
   m.def("_flush_constant_cache", &llga::runtime::flush_constant_cache);
-  m.def("_buffer_pool_limit", &llga::runtime::buffer_pool_limit);
-  m.def("_set_buffer_pool_limit", &llga::runtime::set_buffer_pool_limit);
+  m.def("_buffer_pool_limit", &llga::onednn::buffer_pool_limit);
+  m.def("_set_buffer_pool_limit", &llga::onednn::set_buffer_pool_limit);
   m.def("_stats", [] {
     auto& s = llga::runtime::stats();
     pybind11::dict d;
@@ -50,8 +55,9 @@ PYBIND11_MODULE(_C, m) {
     d["plan_runs"] = s.plan_runs.load();
     d["plan_compilations"] = s.plan_compilations.load();
     d["cached_partitions"] = s.cached_partitions.load();
-    d["kept_buffer_bytes"] = s.kept_buffer_bytes.load();
+    d["kept_buffer_bytes"] = llga::onednn::kept_buffer_bytes();
     d["slow_partitions"] = s.slow_partitions.load();
+    d["to_dense_compilations"] = s.to_dense_compilations.load();
     return d;
   });
   // Each pass alone, for IR-in / IR-out tests (test_passes.py): the graph is changed in place.

@@ -208,3 +208,36 @@ def test_fused_groups_pass_the_speed_check():
         net(torch.randn(2, 3, 32, 32))
         mlp(torch.randn(32, 64))
     assert torch_llga.stats()["slow_partitions"] == before["slow_partitions"]
+
+
+def test_llga_tensor_to_dense_compiles_its_reorder_once():
+    """A guard that fails on a group whose input is another group's opaque (LLGA) output converts
+    that input to strided for PyTorch's ops, as the speed check's unfused run does: the reorder for
+    its layout is compiled once (stats()["to_dense_compilations"]), not on every conversion."""
+
+    class TwoGroups(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(8, 16, 3, padding=1)
+            self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x, y):
+            return self.conv2(F.relu(self.conv1(x))) + y
+
+    model = TwoGroups()
+    x = torch.randn(1, 8, 16, 16)
+    start = torch_llga.stats()
+    fused = check(model, x, torch.randn(1, 16, 16, 16), groups=[["_convolution", "relu"], ["_convolution", "add"]])
+    assert opaque_outputs(fused.graph.findAllNodes("llga::FusionGroup", True)[0]) == [1]  # stays in oneDNN's layout
+    y = torch.randn(1, 16, 1, 1)  # another size: the second group's guard fails, the first's holds
+    torch_llga.set_shape_policy("fallback")
+    try:
+        for _ in range(3):
+            before = torch_llga.stats()
+            out = fused(x, y)
+            after = torch_llga.stats()
+            torch.testing.assert_close(out, model(x, y), **FP32)
+            assert after["guard_failures"] - before["guard_failures"] == 1  # converted the first group's output
+    finally:
+        torch_llga.set_shape_policy("compile")
+    assert after["to_dense_compilations"] - start["to_dense_compilations"] == 1

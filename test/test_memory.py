@@ -63,7 +63,8 @@ def test_scratch_memory_is_reused_not_faulted_in_on_every_call():
     """A MobileNetV2 block at 56x56: oneDNN runs the 1x1 conv fused with the depthwise one through
     a 1.8 MB intermediate and reorders the NCHW input, in buffers it allocates on every execution.
     Fresh from the kernel each time, they cost a page fault per page (with transparent huge pages,
-    a 2 MiB page zeroed per fault: 6.8 ms a call against 0.6 measured); runtime.cpp keeps them."""
+    a 2 MiB page zeroed per fault: 6.8 ms a call against 0.6 measured); the buffer pool keeps them
+    (onednn/buffer_pool.cpp)."""
     import resource
 
     model = nn.Sequential(nn.Conv2d(24, 144, 1), nn.ReLU6(), nn.Conv2d(144, 144, 3, padding=1, groups=144),
@@ -101,7 +102,7 @@ def test_small_buffers_are_kept_too():
 @SANITIZED
 def test_a_dead_tensors_buffer_is_reused_for_a_smaller_one():
     """Each group's output takes the buffer freed last whose size is within 2x of it, not only one
-    of its exact size: the dead tensor's lines are likeliest still in the caches (runtime.cpp).
+    of its exact size: the dead tensor's lines are likeliest still in the caches (onednn/buffer_pool.cpp).
     Six 1x1 convs at 64x64 whose outputs shrink 1 MiB, 960, 896, ... 704 KiB: exact sizes would
     keep a buffer of each (5.2 MiB); reused, two take turns."""
     channels = [64, 60, 56, 52, 48, 44]

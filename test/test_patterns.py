@@ -725,8 +725,8 @@ class ImageStem(nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("shape", [(1, 3, 32, 32), (2, 3, 20, 28), (2, 1, 16, 16), (1, 4, 9, 9)])
 def test_image_input_goes_to_onednn_channels_last(shape, dtype):
-    # A 1-4 channel NCHW image only a conv reads is handed to oneDNN channels-last (kernel.cpp,
-    # image_to_channels_last): oneDNN's own reorder of it is slow.
+    # A 1-4 channel NCHW image only a conv reads is handed to oneDNN channels-last
+    # (channels_last_image.cpp): oneDNN's own reorder of it is slow.
     x = torch.randn(shape).to(dtype)
     tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else {}
     check(ImageStem(shape[1]).to(dtype), x, groups=[["_convolution", "relu6"]], **tol)

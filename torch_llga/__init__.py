@@ -163,7 +163,9 @@ def stats():
     plan_runs: calls of small-graph plans (a whole graph of tiny tensors run as one native step);
     plan_compilations: small-graph plans compiled (one per plan);
     kept_buffer_bytes: memory of freed oneDNN buffers and LLGA tensors kept for the next call
-    (at most buffer_pool_limit(); release() gives it back)."""
+    (at most buffer_pool_limit(); release() gives it back);
+    to_dense_compilations: reorders compiled to hand LLGA tensors to PyTorch's ops (a fallback
+    reading a group's oneDNN-layout output), one per layout, cached."""
     return dict(_C._stats())
 
 

@@ -33,7 +33,7 @@ at::Tensor empty_llga(const dnnl::graph::logical_tensor& desc, c10::ScalarType d
 bool is_llga_tensor(const at::Tensor& t);
 const LlgaTensorImpl& llga_impl(const at::Tensor& t);
 
-// A strided, contiguous copy of an LLGA tensor (a oneDNN reorder); other tensors pass through.
-at::Tensor llga_to_dense(const at::Tensor& t);
+// Its strided copy for PyTorch's ops: llga_to_dense (runtime/to_dense.h), a reorder the fuser's
+// runtime compiles and caches.
 
 }  // namespace llga

@@ -1,7 +1,16 @@
 #pragma once
 // The llga::FusionGroup operator: compiles its partition on first use for the actual inputs,
 // caches the compiled partition keyed by the inputs' sizes, strides (or opaque layout) and dtypes,
-// and executes it on the tensors' own memory.
+// and executes it on the tensors' own memory. Its rooms, a file each in runtime/:
+//   kernel.cpp           run, compile (and its retry with strided outputs), execute, fallback
+//   bind.cpp             the group node and its partition's ports read into Input/InPort/OutPort
+//   layouts.{h,cpp}      which input layouts oneDNN is handed, the cache key, output layouts
+//   channels_last_image  a model's NCHW image interleaved to NHWC (SIMD)
+//   compile_cache.h      compiled partitions by key: each compiled once, outside the lock
+//   new_sizes.cpp        re-checking the group's ops at sizes the fuser never saw
+//   inplace.{h,cpp}      when an output may take an input's memory (the reference-count rule)
+//   speed_check.cpp      running the partition unfused where oneDNN is far slower
+//   kernel_registry      every live kernel, for torch_llga.release()
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 
@@ -11,11 +20,12 @@
 
 #include "jit/codegen/onednn/mapping/graph_builder.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/runtime/compile_cache.h"
+#include "jit/codegen/onednn/runtime/compiled_partition.h"
 
-#include <atomic>
-#include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,47 +43,17 @@ class FusionKernel {
  private:
   static constexpr size_t kConstantPort = SIZE_MAX;
 
-  // Timed executions per compiled partition against its unfused ops (run_checking_speed).
-  static constexpr int kSpeedChecks = 2;
-
-  // One compilation: for inputs with exactly these layouts.
-  struct Compiled {
-    Compiled();
-    ~Compiled();
-    std::vector<int64_t> key;  // per input port: dtype, layout id or -1, ndim, sizes, strides
-    std::vector<dnnl::graph::logical_tensor> inputs, outputs;  // as compiled / as queried
-    std::vector<std::vector<int64_t>> out_sizes, out_strides;  // per output port, for PyTorch-read outputs
-    std::vector<c10::MemoryFormat> out_formats;  // per output port: a quantized output's memory format
-    dnnl::graph::compiled_partition partition;
-    // Run the unfused subgraph instead: oneDNN could not compile this, or ran it far slower than
-    // PyTorch runs the ops (run_checking_speed: set after compilation, while other threads read it).
-    std::atomic<bool> fallback{false};
-    // The speed check (kernel.cpp, run_checking_speed): the first execution is a warm-up, the next
-    // kSpeedChecks each also time the group's ops unfused; one far slower every time runs unfused.
-    std::atomic<int> checks_left{kSpeedChecks + 1};
-    int slow_verdicts = 0;
-    std::mutex check_mutex;
-    std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
-    // Made once; each call only points them at its tensors' memory (under execute_mutex).
-    std::vector<dnnl::graph::tensor> in_tensors, out_tensors;
-    std::vector<void*> in_handles, out_handles;  // what each points at now
-    // (input port, output port) pairs oneDNN may compute in place: a conv or matmul with a sum
-    // post-op accumulates into the added tensor's buffer instead of copying it to the output first.
-    std::vector<std::pair<size_t, size_t>> inplace;
-  };
-
   using Inputs = c10::SmallVector<at::Tensor, 8>;
-  using Key = c10::SmallVector<int64_t, 64>;
 
   // Shared: another thread may evict the entry from the cache while this one executes it.
   // args: the call's arguments (for maps_at).
-  std::shared_ptr<Compiled> compiled_for(const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
+  std::shared_ptr<CompiledPartition> compiled_for(const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
   // The compiled partition on these inputs, its outputs replacing the arguments on the stack.
-  void execute(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, torch::jit::Stack& stack);
-  void run_checking_speed(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, torch::jit::Stack& stack);
+  void execute(CompiledPartition& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, torch::jit::Stack& stack);
+  void run_checking_speed(CompiledPartition& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, torch::jit::Stack& stack);
   torch::jit::Code& fallback_code();
   void for_pytorch(torch::jit::Stack& stack) const;
-  void compile(Compiled& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
+  std::shared_ptr<CompiledPartition> compile(const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
   bool maps_at(c10::ArrayRef<c10::IValue> args);
   void run_fallback(torch::jit::Stack& stack);
 
@@ -93,11 +73,11 @@ class FusionKernel {
     std::vector<size_t> in_ids, out_ids;
   };
   // The fuser's partition, for the profiled sizes; for other sizes the subgraph's partition built
-  // from ranks alone, on the first such call (any_sizes_made_; null: none with the same ports).
+  // from ranks alone, on the first such call (null: none with the same ports).
   c10::intrusive_ptr<GroupPartition> ports_;  // what each port of both partitions reads or is
   Partition profiled_;
   std::unique_ptr<Partition> any_sizes_;
-  bool any_sizes_made_ = false;
+  std::once_flag any_sizes_once_;
   const Partition* any_sizes();
 
   // Per input of the group node.
@@ -127,9 +107,9 @@ class FusionKernel {
   std::vector<OutPort> out_ports_;
   std::vector<size_t> output_port_;  // group output -> its output port
 
-  std::mutex cache_mutex_;
-  std::list<std::shared_ptr<Compiled>> cache_;  // most recently used first
+  CompileCache<CompiledPartition> cache_;  // by the input ports' layouts (layouts.h, append_layout_key)
   std::unique_ptr<torch::jit::Code> fallback_code_;
+  std::once_flag fallback_code_once_;
 };
 
 // Releases the compiled partitions of the groups in g (also inside its blocks and the optimized

@@ -9,8 +9,10 @@
 #include <atomic>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "jit/codegen/onednn/mapping/dtypes.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/runtime/to_dense.h"
 
 namespace llga {
 
@@ -112,10 +114,11 @@ bool any_nonfinite_parallel(const Bits* bits, int64_t n) {
 
 bool all_finite(const at::Tensor& t) {
   if (is_llga_tensor(t) || !at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
-  if (t.is_non_overlapping_and_dense()) {
-    if (t.scalar_type() == at::kFloat)
+  const DtypeTraits* dtype = dtype_traits(t.scalar_type());
+  if (t.is_non_overlapping_and_dense() && dtype) {  // the scan's two bit layouts (any_nonfinite_in)
+    if (dtype->exponent_mask == 0x7f800000u)  // fp32
       return !any_nonfinite_parallel(static_cast<const uint32_t*>(t.const_data_ptr()), t.numel());
-    if (t.scalar_type() == at::kBFloat16)
+    if (dtype->exponent_mask == 0x7f80u)  // bf16
       return !any_nonfinite_parallel(static_cast<const uint16_t*>(t.const_data_ptr()), t.numel());
   }
   return at::isfinite(t).all().item<bool>();

@@ -10,14 +10,7 @@ namespace llga::runtime {
 dnnl::engine& engine();
 dnnl::stream& stream();  // one per thread: oneDNN streams are not meant to be shared across threads
 
-// The allocator of oneDNN's buffers, which also holds the memory of LLGA tensors: buffers of 64 KiB
-// and more are kept when freed, for the next request of their size (runtime.cpp says why).
-void* allocate_buffer(size_t size, size_t alignment);
-void free_buffer(void* p);
-// The most it keeps, in bytes (256 MB, or TORCH_LLGA_BUFFER_POOL_MB); setting it frees what is over.
-int64_t buffer_pool_limit();
-void set_buffer_pool_limit(int64_t bytes);
-std::string buffer_pool_env_error();  // an unreadable TORCH_LLGA_BUFFER_POOL_MB (the default is used), or ""
+// oneDNN's buffers come from the buffer pool (onednn/buffer_pool.h), which the engine is made with.
 
 // oneDNN's constant weight cache (reordered frozen weights): whether it is on, and dropping what it
 // holds (every module's; each reorders its weights again on its next call).
@@ -62,8 +55,8 @@ struct Stats {
   std::atomic<int64_t> plan_runs{0};          // calls of small-graph plans (llga::SmallPlan)
   std::atomic<int64_t> plan_compilations{0};  // small-graph plans compiled (one per plan)
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
-  std::atomic<int64_t> kept_buffer_bytes{0};  // freed buffers the pool keeps for reuse, now (runtime.cpp)
-  std::atomic<int64_t> slow_partitions{0};    // compiled partitions run unfused: far slower than PyTorch (kernel.cpp)
+  std::atomic<int64_t> slow_partitions{0};    // compiled partitions run unfused: far slower than PyTorch (speed_check.cpp)
+  std::atomic<int64_t> to_dense_compilations{0};  // reorders to strided compiled by llga_to_dense (one per layout, to_dense.cpp)
 };
 Stats& stats();
 

@@ -1,0 +1,55 @@
+#pragma once
+// One compilation of a fusion group's partition, for inputs of exactly one layout each (the key
+// it is cached under, compile_cache.h), with what each of its ports needs per call in one place.
+#include <c10/core/MemoryFormat.h>
+#include <oneapi/dnnl/dnnl_graph.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace llga {
+
+struct CompiledPartition {
+  // Timed executions against the group's unfused ops (speed_check.cpp).
+  static constexpr int kSpeedChecks = 2;
+
+  CompiledPartition();   // counted in stats().cached_partitions
+  ~CompiledPartition();
+
+  struct In {
+    dnnl::graph::logical_tensor lt;  // as compiled
+    // Made once; each call only points it at its tensor's memory (under execute_mutex), and only
+    // when that moved: oneDNN's set_data_handle allocates.
+    dnnl::graph::tensor tensor;
+    void* handle = nullptr;          // what `tensor` points at now
+  };
+  struct Out {
+    dnnl::graph::logical_tensor lt;  // as oneDNN chose it (queried after compiling)
+    std::vector<int64_t> sizes, strides;  // for an output PyTorch reads (strides empty if opaque)
+    c10::MemoryFormat format = c10::MemoryFormat::Contiguous;  // a quantized output's memory format
+    dnnl::graph::tensor tensor;
+    void* handle = nullptr;
+  };
+  std::vector<In> in;    // per input port of the partition
+  std::vector<Out> out;  // per output port
+  dnnl::graph::compiled_partition partition;
+
+  // (input port, output port) pairs oneDNN may compute in place: a conv or matmul with a sum
+  // post-op accumulates into the added tensor's buffer instead of copying it to the output first.
+  std::vector<std::pair<size_t, size_t>> inplace;
+
+  // Run the unfused subgraph instead: oneDNN could not compile this, or ran it far slower than
+  // PyTorch runs the ops (set by the speed check after compilation, while other threads read it).
+  std::atomic<bool> fallback{false};
+  // The speed check: the first execution is a warm-up, the next kSpeedChecks each also time the
+  // group's ops unfused; one far slower every time runs unfused.
+  std::atomic<int> checks_left{kSpeedChecks + 1};
+  int slow_verdicts = 0;  // under check_mutex
+  std::mutex check_mutex;
+  std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
+};
+
+}  // namespace llga

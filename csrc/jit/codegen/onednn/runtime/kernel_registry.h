@@ -1,0 +1,12 @@
+#pragma once
+// Every live fusion kernel by its group id (kernel_registry.cpp), for release_compiled_partitions.
+#include <cstdint>
+
+#include "jit/codegen/onednn/runtime/fusion_kernel.h"
+
+namespace llga {
+
+void register_kernel(int64_t group_id, FusionKernel* kernel);
+void unregister_kernel(int64_t group_id, FusionKernel* kernel);
+
+}  // namespace llga

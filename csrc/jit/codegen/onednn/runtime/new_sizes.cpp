@@ -1,0 +1,76 @@
+// A group at input sizes the fuser never saw (shape policy "compile"): the partition for any sizes
+// of the profiled ranks, and whether each of the group's ops still maps to oneDNN at the new sizes
+// (the op table judges some ops by their sizes). GRAPH_DEBUG (PYTORCH_JIT_LOG_LEVEL=">>new_sizes")
+// says which op keeps the group unfused at them.
+#include "jit/codegen/onednn/runtime/fusion_kernel.h"
+
+#include <torch/csrc/jit/jit_log.h>
+
+#include <unordered_set>
+
+#include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
+#include "jit/codegen/onednn/runtime/to_dense.h"
+
+namespace llga {
+
+using torch::jit::Stack;
+
+// The fuser partitioned the block for the profiled sizes; a partition for any sizes of the same
+// ranks is asked of oneDNN only once some call brings other sizes (once: threads compiling other
+// sizes at the same time wait for it).
+const FusionKernel::Partition* FusionKernel::any_sizes() {
+  std::call_once(any_sizes_once_, [&] {
+    auto gp = subgraph_partition(*subgraph_, /*ranks_only=*/true);
+    if (gp && same_ports(*gp, *ports_)) {
+      any_sizes_ = std::make_unique<Partition>();
+      any_sizes_->partition = gp->partition;
+      for (const auto& lt : gp->partition.get_input_ports()) any_sizes_->in_ids.push_back(lt.get_id());
+      for (const auto& lt : gp->partition.get_output_ports()) any_sizes_->out_ids.push_back(lt.get_id());
+    }
+  });
+  return any_sizes_.get();
+}
+
+// Whether every op of the group maps to oneDNN at the sizes of these arguments as it did at the
+// profiled ones. The op table keeps some ops from oneDNN at some sizes only (onednn_quirks.h: a
+// broadcast oneDNN computes wrongly), and the partition for any sizes of the profiled ranks would
+// otherwise run them at sizes the fuser never saw. The group's ops run once, unfused, to learn the
+// sizes of every value; the op table then judges each op at them. Once per new input sizes.
+bool FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args) {
+  auto g = subgraph_->copy();
+  std::vector<Value*> made;
+  for (Node* n : g->nodes())
+    for (Value* v : n->outputs())
+      if (v->type()->cast<torch::jit::TensorType>()) made.push_back(v);
+  const size_t first = g->outputs().size();
+  for (Value* v : made) g->registerOutput(v);
+  Stack stack;
+  for (const c10::IValue& a : args) stack.push_back(a.isTensor() ? c10::IValue(llga_to_dense(a.toTensor())) : a);
+  for (size_t i = 0; i < args.size(); ++i)
+    if (stack[i].isTensor()) g->inputs()[i]->setType(torch::jit::TensorType::create(stack[i].toTensor()));
+  try {
+    torch::jit::Code code(g, "llga_sizes");
+    torch::jit::InterpreterState(code).run(stack);
+  } catch (const std::exception& e) {  // the caller's fallback run raises it where eager would
+    GRAPH_DEBUG("The group's ops failed on these inputs (", e.what(), ")");
+    return false;
+  }
+  for (size_t k = 0; k < made.size(); ++k)
+    if (stack[first + k].isTensor()) made[k]->setType(torch::jit::TensorType::create(stack[first + k].toTensor()));
+  std::unordered_set<const Node*> members;
+  for (const Node* n : g->nodes()) members.insert(n);
+  for (const Node* n : g->nodes()) {
+    if (is_binary_op(n) && quirks::wrong_in_partition(n, members)) {
+      GRAPH_DEBUG("At these input sizes oneDNN computes ", n->kind().toQualString(), " wrongly as a post-op: the group runs unfused for them");
+      return false;
+    }
+    if (!find_entry(n) || map_node(n)) continue;
+    GRAPH_DEBUG("At these input sizes ", n->kind().toQualString(), " stays out of oneDNN (", unmapped_reason(n),
+                "): the group runs unfused for them");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace llga
