@@ -251,9 +251,9 @@ def first_shape(draw):
     return tuple(i(1, 5) for _ in range(i(1, 5)))
 
 
-# Programs a small-graph plan takes whole: only ops it has a step for (small_plan.cpp's table), fp32
-# or bf16. Drawn from every op, whole programs of tiny tensors are rarely plannable (51 of 12,001
-# examples of a long run were planned), so the plan's own loops got little random testing.
+# Programs a small-graph plan takes whole: only ops it has a step for (small_plan/compiler.cpp's
+# table), fp32 or bf16. Drawn from every op, whole programs of tiny tensors are rarely plannable (51
+# of 12,001 examples of a long run were planned), so the plan's own loops got little random testing.
 PLAN_UNARY = {"relu", "abs", "neg", "relu6", "hardtanh", "clamp", "leaky_relu", "elu", "gelu", "sigmoid", "tanh",
               "exp", "hardswish", "hardsigmoid", "silu", "square", "log1", "sqrt1", "contiguous", "dropout"}
 PLAN_FAMILIES = {

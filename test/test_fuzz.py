@@ -10,7 +10,7 @@ other sizes, within error bounds computed from the program's own values (fuzz_op
 same-sized call failed a guard or fell back to PyTorch in the kernel. An example that plain
 TorchScript (torch_llga off) also gets wrong is PyTorch's bug: it is set aside and reported.
 test_fuzz_small_plans draws its programs from the ops the small-graph plan has steps for, fp32 and
-bf16, with plans on, so most run as one plan (small_plan.cpp's own loops, not oneDNN's).
+bf16, with plans on, so most run as one plan (small_plan/run.cpp's own loops, not oneDNN's).
 
 `make test` runs a fixed set of examples; a long random run (stopping after MINUTES if given; a
 crash leaves the example it ran in LOG):
