@@ -1,5 +1,6 @@
 #include "jit/codegen/onednn/mapping/graph_builder.h"
 
+#include <ATen/ATen.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
 
@@ -177,10 +178,29 @@ namespace {
 
 const c10::Symbol kPartition = c10::Symbol::attr("partition");
 
-// Partitions the fuser recorded, by the key on their group, until the group's kernel takes them.
-std::mutex g_recorded_mutex;
-std::unordered_map<int64_t, c10::intrusive_ptr<GroupPartition>> g_recorded;
-int64_t g_next_key = 0;
+// The partition on its group node: copied with the node (a copy of the graph binds the same
+// partition, its frozen weights being the same tensors) and freed with the last graph holding it,
+// taken by a kernel or not. The node holds it as the owner of an empty tensor's memory, in a
+// tensor-list attribute: the one attribute kind that can own an object and that graphs still
+// print ("[<Tensors>]"; an IValue capsule cannot be printed).
+struct PartitionOwner {
+  c10::intrusive_ptr<GroupPartition> partition;
+  static void release(void* self) { delete static_cast<PartitionOwner*>(self); }
+};
+
+at::Tensor carrying(c10::intrusive_ptr<GroupPartition> p) {
+  static char nothing;  // an empty tensor's data: never read
+  auto* owner = new PartitionOwner{std::move(p)};
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0,
+                       c10::DataPtr(&nothing, owner, &PartitionOwner::release, c10::Device(c10::kCPU)), nullptr,
+                       /*resizable=*/false);
+  return at::empty({0}, at::kByte).set_(storage, 0, {0}, {1});
+}
+
+c10::intrusive_ptr<GroupPartition> carried(const at::Tensor& t) {
+  auto* owner = t.storage().data_ptr().cast_context<PartitionOwner>(&PartitionOwner::release);
+  return owner ? owner->partition : nullptr;
+}
 
 int64_t index_of(c10::ArrayRef<Value*> values, const Value* v) {
   auto it = std::find(values.begin(), values.end(), v);
@@ -200,9 +220,7 @@ const GroupPartition& attach_partition(Node* group, const dnnl::graph::partition
   }
   for (const auto& use : output_uses)
     gp->output.push_back(use.user ? index_of(group->outputs(), use.user->input(use.offset)) : -1);
-  std::lock_guard<std::mutex> lock(g_recorded_mutex);
-  g_recorded.emplace(g_next_key, gp);
-  group->i_(kPartition, g_next_key++);
+  group->ts_(kPartition, {carrying(gp)});
   return *gp;
 }
 
@@ -231,16 +249,10 @@ c10::intrusive_ptr<GroupPartition> subgraph_partition(torch::jit::Graph& subgrap
 }
 
 c10::intrusive_ptr<GroupPartition> group_partition(const Node* group) {
-  if (group->hasAttribute(kPartition)) {
-    std::lock_guard<std::mutex> lock(g_recorded_mutex);
-    auto it = g_recorded.find(group->i(kPartition));
-    if (it != g_recorded.end()) {
-      auto gp = it->second;
-      g_recorded.erase(it);
-      return gp;
-    }
-  }
-  // Taken by another kernel of a copy of this graph, or a group made elsewhere: partition anew.
+  if (group->hasAttribute(kPartition) && group->kindOf(kPartition) == torch::jit::AttributeKind::ts &&
+      group->ts(kPartition).size() == 1)
+    if (auto gp = carried(group->ts(kPartition)[0])) return gp;
+  // A group made elsewhere: partition anew.
   return subgraph_partition(*group->g(c10::attr::Subgraph), /*ranks_only=*/false);
 }
 

@@ -54,10 +54,10 @@ dnnl::graph::logical_tensor value_lt(const Value* v, bool ranks_only = false);
 
 bool is_constant(const Value* v);
 
-// The partition a fusion group was made of, with its ports by position, recorded by the fuser
-// under a key on the group node (attribute "partition") until the group's kernel takes it: the
-// kernel compiles it without asking oneDNN to partition the subgraph again, so warm-up partitions
-// each block once, not each group too. Port ids are those of the graph that was partitioned; what
+// The partition a fusion group was made of, with its ports by position, carried by the group node
+// itself (attribute "partition": copied with the node, freed with its graph, graph_builder.cpp):
+// the kernel compiles it without asking oneDNN to partition the subgraph again, so warm-up
+// partitions each block once, not each group too. Port ids are those of the graph that was partitioned; what
 // they mean here is by position.
 struct GroupPartition : c10::intrusive_ptr_target {
   dnnl::graph::partition partition;
@@ -71,8 +71,8 @@ struct GroupPartition : c10::intrusive_ptr_target {
 // (a null user: none), which now reads the group output the port became.
 const GroupPartition& attach_partition(Node* group, const dnnl::graph::partition& p, const std::vector<Value*>& inputs,
                                      const std::vector<torch::jit::Use>& output_uses);
-// The group's recorded partition (taken: a second kernel of a copy of the graph partitions anew),
-// or else the one its subgraph forms (null if it forms none).
+// The group's recorded partition (a copy of the graph's group shares it), or else the one its
+// subgraph forms (null if it forms none).
 c10::intrusive_ptr<GroupPartition> group_partition(const Node* group);
 // The one partition a group's subgraph forms (null if not one), its port ids the subgraph's value
 // ids. With ranks_only, it compiles for any input sizes of those ranks.
