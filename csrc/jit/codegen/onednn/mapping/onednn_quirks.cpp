@@ -114,16 +114,16 @@ constexpr Quirk kQuirks[] = {
      "Pooling with a binary post-op on its output (not a constant scalar) computes wrong values.",
      "3.2 3.12.0", "",
      "test/test_patterns.py::test_binary_post_ops_onednn_gets_wrong test/test_patterns.py::test_residual_add_of_a_pooling_output_is_a_conv_post_op",
-     "pooling_binary_post_op (graph_fuser.cpp, kernel.cpp at new sizes)", "avx512"},
+     "pooling_binary_post_op (graph_fuser.cpp, runtime/new_sizes.cpp)", "avx512"},
     {"layer_norm_sum_post_op",
      "A layer norm with an add of a tensor of its output's sizes (a sum post-op) computes wrong values.",
      "3.11.2 3.12.0", "", "test/test_patterns.py::test_layer_norm_then_full_size_add",
-     "layer_norm_sum_post_op (graph_fuser.cpp, kernel.cpp at new sizes)", ""},
+     "layer_norm_sum_post_op (graph_fuser.cpp, runtime/new_sizes.cpp)", ""},
     {"per_channel_post_op_at_unit_spatial",
      "A binary op's per-channel post-op at [N > 1, C, 1, ..] applies one channel's value to all.",
      "3.11.2 3.12.0 3.13.3", "",
      "test/test_patterns.py::test_per_channel_post_op_of_a_binary_at_unit_spatial test/test_patterns.py::test_per_channel_post_op_at_unit_spatial_every_rank",
-     "per_channel_post_op_at_unit_spatial (graph_fuser.cpp, kernel.cpp at new sizes)", ""},
+     "per_channel_post_op_at_unit_spatial (graph_fuser.cpp, runtime/new_sizes.cpp)", ""},
     {"broadcast_up_post_op",
      "A partition's [N, C, 1, 1] value broadcast up to an outside [N, C, H, W] runs as a binary primitive of its own, several times slower than PyTorch.",
      "3.12.0", "", "test/test_patterns.py::test_squeeze_excitation_scale_runs_in_pytorch_on_channels_last",
@@ -150,28 +150,28 @@ constexpr Quirk kQuirks[] = {
      "The pattern matcher can throw std::out_of_range from get_partitions: the block is left to PyTorch.",
      "3.12.0", "", "test/test_fallback.py::test_block_onednn_cannot_partition_runs_unfused",
      "graph_builder.cpp, build_graph", ""},
-    // kernel.cpp: the layouts handed to oneDNN
+    // runtime/layouts.cpp and bind.cpp: the layouts handed to oneDNN
     {"copy_transposed_inputs",
      "With a binary op's inputs transposed (or channels-last with binary post-ops), a broadcast post-op is applied along the wrong dim.",
      "3.2 3.11.2 3.12.0 3.13.3", "",
      "test/test_patterns.py::test_transposed_inputs_to_binary_with_broadcast_post_op test/test_patterns.py::test_channels_last_input_to_a_binary_chain",
-     "copy_transposed_inputs (kernel.cpp)", ""},
+     "copy_transposed_inputs (runtime/layouts.cpp)", ""},
     {"copy_matmul_post_op_operands",
      "A matmul's binary post-op operand, channels-last and broadcast, is misread.",
      "3.11.2 3.12.0 3.13.3", "", "test/test_patterns.py::test_channels_last_post_op_operand_of_a_matmul",
-     "copy_matmul_post_op_operands (kernel.cpp)", ""},
+     "copy_matmul_post_op_operands (runtime/bind.cpp)", ""},
     {"copy_interleaved_matmul_inputs",
      "A matmul input whose batch dims lie between its matrix dims in memory is read wrongly when M == K.",
      "3.12.0", "", "test/test_patterns.py::test_matmul_of_a_permuted_input",
-     "copy_interleaved_matmul_inputs (kernel.cpp)", "avx512"},
+     "copy_interleaved_matmul_inputs (runtime/layouts.cpp)", "avx512"},
     {"canonical_unit_dim_strides",
      "Odd strides of size-1 dims are read as a layout: wrong values, crashes.",
      "3.2 3.11.2 3.12.0 3.13.3", "",
      "test/test_patterns.py::test_permuted_output_with_a_size_one_dim test/test_patterns.py::test_transposed_operand_with_size_one_batch_dims",
-     "canonical_unit_dim_strides (kernel.cpp)", ""},
+     "canonical_unit_dim_strides (runtime/layouts.cpp)", ""},
     {"strided_output_retry",
      "Some partitions (a lone Reorder) compile for no \"any\" output layout: the kernel asks for strided outputs again.",
-     "3.12.0", "", "test/test_fuzz.py::test_fuzz", "kernel.cpp, compile", ""},
+     "3.12.0", "", "test/test_fuzz.py::test_fuzz", "runtime/kernel.cpp, compile_retrying_with_strided_outputs", ""},
     // runtime.cpp
     {"stale_compiled_partition_cache",
      "The compiled-partition cache can hand a new partition a freed one's kernel, and so its weights: the cache is off.",
@@ -607,7 +607,7 @@ bool int8_sum_of_own_input(const Value* residual, const Node* conv) {
 // A matmul's binary post-op whose operand is channels-last and broadcast ([1, 2, 1, 8]
 // times the matmul's [2, 2, 1, 8]; mul or add) reads it wrongly: off by up to 19 (fuzzing, on Zen
 // 4). A full-sized one is right, and so are a convolution's. In a group with a matmul, inputs a
-// binary op reads go to oneDNN contiguous (kernel.cpp).
+// binary op reads go to oneDNN contiguous (runtime/bind.cpp).
 bool copy_matmul_post_op_operands() {
   static const bool on = active("copy_matmul_post_op_operands");
   return on;
@@ -620,7 +620,7 @@ bool copy_matmul_post_op_operands() {
 // 3.12.0 does the same with channels-last inputs (and channels-last LLGA tensors) of a binary op
 // with binary post-ops, where a post-op operand broadcasts along the last dim: c + x * 2 was off
 // by up to 17, (x * b) + c crashed (fuzzing, on Zen 4): a group whose main op is binary
-// (kernel.cpp, binary_chain_of_binaries) gets its inputs contiguous.
+// (runtime/layouts.cpp, binary_chain_of_binaries) gets its inputs contiguous.
 bool copy_transposed_inputs() {
   static const bool on = active("copy_transposed_inputs");
   return on;

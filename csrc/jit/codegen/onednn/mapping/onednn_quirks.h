@@ -81,7 +81,7 @@ bool broadcast_up_post_op(const Node* binary, const std::unordered_set<const Nod
 // prepare_quantization.cpp: an int8 conv/linear whose residual add reads the conv's own input.
 bool int8_sum_of_own_input(const torch::jit::Value* residual, const Node* conv);
 
-// kernel.cpp: the layouts handed to oneDNN.
+// runtime/layouts.cpp and bind.cpp: the layouts handed to oneDNN.
 bool copy_transposed_inputs();      // a binary op's broadcast post-op along the wrong dim
 bool copy_matmul_post_op_operands();  // a matmul's post-op operand, channels-last and broadcast: misread
 bool canonical_unit_dim_strides();  // odd strides of size-1 dims: wrong values, a crash
