@@ -9,7 +9,7 @@
 
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
-#include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/settings/settings.h"
 
 namespace llga {
 

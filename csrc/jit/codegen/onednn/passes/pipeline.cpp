@@ -8,7 +8,7 @@
 
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
-#include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/settings/settings.h"
 
 namespace llga {
 

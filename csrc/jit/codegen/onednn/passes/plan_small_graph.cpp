@@ -14,7 +14,7 @@
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
 #include "jit/codegen/onednn/passes/passes.h"
-#include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/settings/settings.h"
 #include "jit/codegen/onednn/small_plan/small_plan.h"
 
 namespace llga {

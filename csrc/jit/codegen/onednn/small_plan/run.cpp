@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/settings/settings.h"
 #include "jit/codegen/onednn/small_plan/program.h"
 
 // The steps' loops are the plan's whole cost: let gcc vectorize them (the library builds at -O2).

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/settings/settings.h"
 #include "jit/codegen/onednn/small_plan/compiler.h"
 #include "jit/codegen/onednn/small_plan/program.h"
 #include "jit/codegen/onednn/small_plan/small_plan.h"

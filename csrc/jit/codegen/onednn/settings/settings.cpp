@@ -1,0 +1,52 @@
+// The fuser's switch, knobs and counters (settings.h).
+#include "jit/codegen/onednn/settings/settings.h"
+
+#include "build_info.h"
+#include "onednn/torch_onednn.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace llga::runtime {
+
+namespace {
+// TORCH_LLGA_ENABLE=1 turns the fuser on when the library loads (servers gain it without code changes).
+// Without torch's oneDNN it stays off, and says why (a server that preloads the library should not
+// fail to start, nor fuse silently nothing).
+bool enabled_by_environment() {
+  const char* env = std::getenv("TORCH_LLGA_ENABLE");
+  if (!env || std::strcmp(env, "1") != 0) return false;
+  for (const std::string* error : {&onednn::load_error(), &torch_mismatch()})
+    if (!error->empty()) std::fprintf(stderr, "%s; the fuser stays off\n", error->c_str());
+  return true;
+}
+
+std::atomic<bool> g_enabled{enabled_by_environment()};
+std::atomic<bool> g_fuse_all_partitions{false};
+std::atomic<ShapePolicy> g_shape_policy{ShapePolicy::kCompile};
+std::atomic<int64_t> g_cache_capacity{16};
+std::atomic<bool> g_small_plans{!std::getenv("TORCH_LLGA_SMALL_PLANS") || std::strcmp(std::getenv("TORCH_LLGA_SMALL_PLANS"), "0") != 0};
+
+}  // namespace
+
+Stats& stats() {
+  static Stats s;
+  return s;
+}
+
+bool enabled() {
+  return g_enabled.load(std::memory_order_relaxed) && onednn::load_error().empty() && torch_mismatch().empty();
+}
+void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
+bool fuse_all_partitions() { return g_fuse_all_partitions.load(std::memory_order_relaxed); }
+void set_fuse_all_partitions(bool on) { g_fuse_all_partitions.store(on, std::memory_order_relaxed); }
+ShapePolicy shape_policy() { return g_shape_policy.load(std::memory_order_relaxed); }
+void set_shape_policy(ShapePolicy p) { g_shape_policy.store(p, std::memory_order_relaxed); }
+bool small_plans_enabled() { return g_small_plans.load(std::memory_order_relaxed); }
+void set_small_plans_enabled(bool on) { g_small_plans.store(on, std::memory_order_relaxed); }
+int64_t cache_capacity() { return g_cache_capacity.load(std::memory_order_relaxed); }
+void set_cache_capacity(int64_t n) { g_cache_capacity.store(n, std::memory_order_relaxed); }
+
+}  // namespace llga::runtime
