@@ -607,13 +607,9 @@ std::optional<OpSpec> try_map(const Node* n) {
 }
 }  // namespace
 
-std::optional<OpSpec> map_node(const Node* n, std::string* why) {
-  auto spec = try_map(n);
-  if (!spec && why) *why = unmapped_reason(n);
-  return spec;
-}
-
-std::string unmapped_reason(const Node* n) {
+namespace {
+// Why n does not map; `mapped`: whether try_map(n) gives a spec, if the caller knows.
+std::string explain_unmapped(const Node* n, std::optional<bool> mapped) {
   const OpEntry* e = find_entry(n);
   if (!e || !e->maps_to_onednn()) {
     return kind_maps_to_onednn(n->kind()) ? "no oneDNN mapping for this overload" : "no oneDNN mapping";
@@ -628,9 +624,18 @@ std::string unmapped_reason(const Node* n) {
     if (auto problem = tensor_problem(v, condition); !problem.empty()) return problem;
   }
   if (!non_tensor_inputs_constant(n)) return "an argument computed at run time (guards check tensors only)";
-  if (!try_map(n)) return "arguments outside the mapping's conditions (op_table.cpp)";
+  if (!(mapped ? *mapped : try_map(n).has_value())) return "arguments outside the mapping's conditions (op_table.cpp)";
   return "";
 }
+}  // namespace
+
+std::optional<OpSpec> map_node(const Node* n, std::string* why) {
+  auto spec = try_map(n);
+  if (!spec && why) *why = explain_unmapped(n, false);  // try_map ran once, here
+  return spec;
+}
+
+std::string unmapped_reason(const Node* n) { return explain_unmapped(n, std::nullopt); }
 
 const BlockMappings::Mapping& BlockMappings::get(const Node* n) {
   auto it = by_node_.find(n);

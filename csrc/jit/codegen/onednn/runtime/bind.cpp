@@ -28,10 +28,8 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
   bool binary_chain = binary_chain_of_binaries(*subgraph_);
   // quirks::copy_matmul_post_op_operands: a matmul's post-op operand goes to oneDNN contiguous.
   bool matmul_post_ops = quirks::copy_matmul_post_op_operands() && !binary_free &&
-                         std::any_of(nodes.begin(), nodes.end(), [](const Node* n) {
-                           const OpEntry* e = find_entry(n);
-                           return e && e->kind == dnnl::graph::op::kind::MatMul;
-                         });
+                         std::any_of(nodes.begin(), nodes.end(),
+                                     [](const Node* n) { return onednn_kind(n) == dnnl::graph::op::kind::MatMul; });
   inputs_.resize(num_inputs_);
   for (size_t i = 0; i < num_inputs_; ++i) {
     const Value* v = subgraph_->inputs()[i];
