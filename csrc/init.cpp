@@ -23,6 +23,7 @@ PYBIND11_MODULE(_C, m) {
   if (auto error = llga::onednn::buffer_pool_env_error(); !error.empty()) throw pybind11::import_error(error);
   m.def("_set_enabled", &llga::runtime::set_enabled);
   m.def("_is_enabled", &llga::runtime::enabled);
+  m.def("_set_enabled_in_thread", &llga::runtime::set_enabled_in_thread);
   m.def("_set_fuse_all_partitions", &llga::runtime::set_fuse_all_partitions);
   m.def("_set_small_plans", &llga::runtime::set_small_plans_enabled);
   m.def("_small_plans", &llga::runtime::small_plans_enabled);

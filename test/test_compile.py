@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import torch_llga
 import torch_llga.dynamo
 
-from conftest import FP32, ConvNet, requires_bf16_kernels
+from conftest import FP32, ConvNet, requires_bf16_kernels, run_in_threads
 
 
 @pytest.fixture(autouse=True)
@@ -80,14 +80,94 @@ def test_second_batch_size_recompiles():
         assert delta["executions"] == 3
 
 
-def test_dynamic_shapes_run_eager_with_a_warning():
-    model, x = ConvNet().eval(), torch.randn(2, 3, 16, 16)
-    compiled = torch.compile(model, backend="torch_llga", dynamic=True)
-    with pytest.warns(UserWarning, match="static shapes only"):
-        out, delta = run_three_times(compiled, x)
+def fused_calls(compiled, model, *inputs):
+    """Calls compiled(*inputs) once; returns its fused partition runs (oneDNN partitions and small-graph
+    plans) after checking the output against eager."""
+    before = torch_llga.stats()
     with torch.no_grad():
-        torch.testing.assert_close(out, model(x), **FP32)
-    assert delta["executions"] == 0
+        out, expected = compiled(*inputs), model(*inputs)
+    after = torch_llga.stats()
+    first = (lambda o: o if isinstance(o, torch.Tensor) else o[0])
+    torch.testing.assert_close(first(out), first(expected), **FP32)
+    return after["executions"] - before["executions"] + after["plan_runs"] - before["plan_runs"]
+
+
+class TinyEncoder(nn.Module):
+    """Embedding, self-attention and a feed-forward block: a transformer encoder in miniature."""
+
+    def __init__(self, vocab=100, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attention = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d)
+        x = self.norm1(x + self.out(attention))
+        return self.norm2(x + self.ff(x))
+
+
+def tokens(batch, seq=12):
+    return torch.randint(0, 100, (batch, seq))
+
+
+# The issue's sequence: batch 2 three times, then batch 3 four times (torch.compile marks the batch
+# dimension dynamic at the change), then sizes of the dynamic graph's own.
+@pytest.mark.parametrize("model,make", [(ConvNet, lambda b: torch.randn(b, 3, 16, 16)),
+                                        (TinyEncoder, tokens), (TwoHalves, lambda b: torch.randn(b, 16))],
+                         ids=["cnn", "encoder", "graph_break"])
+def test_default_settings_fuse_every_batch_size(model, make):
+    model = model().eval()
+    compiled = torch.compile(model, backend="torch_llga")
+    before = torch_llga.stats()["compile_scripts"]
+    for batch in (2, 2, 2, 3, 3, 3, 3):
+        assert fused_calls(compiled, model, make(batch)) > 0, f"batch {batch} ran unfused"
+    scripts = torch_llga.stats()["compile_scripts"]
+    graphs = (scripts - before) // 2  # each graph traced at batch 2, then with a dynamic batch
+    for batch in (5, 1, 7, 5):  # new sizes compile partitions, not scripts
+        with torch.no_grad():
+            compiled(make(batch))  # a small-graph plan's script profiles a new size once
+        assert fused_calls(compiled, model, make(batch)) > 0, f"batch {batch} ran unfused"
+    # One script more a graph at most: Dynamo gives size 1 graphs of its own (it specializes sizes 0 and 1).
+    assert torch_llga.stats()["compile_scripts"] <= scripts + graphs
+
+
+def test_dynamic_true_and_mark_dynamic_fuse_every_sequence_length():
+    model = TinyEncoder().eval()
+    compiled = torch.compile(model, backend="torch_llga", dynamic=True)
+    for seq in (5, 9, 16, 9):
+        assert fused_calls(compiled, model, tokens(2, seq)) > 0
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="torch_llga")
+    x = tokens(2, 7)
+    torch._dynamo.mark_dynamic(x, 1)
+    assert fused_calls(compiled, model, x) > 0
+    for seq in (3, 20):
+        assert fused_calls(compiled, model, tokens(2, seq)) > 0
+    assert torch_llga.stats()["compile_scripts"] >= 1
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x, repeats: int):
+        return F.relu(self.linear(x)).repeat(1, repeats)
+
+
+def test_an_int_argument_that_is_no_size_gets_a_script_per_value():
+    model, x = Scaled().eval(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="torch_llga")
+    before = torch_llga.stats()["compile_scripts"]
+    for repeats in (2, 3, 4, 3):  # from the second value on, Dynamo passes it as a symbolic int
+        fused_calls(compiled, model, x, repeats)
+    assert torch_llga.stats()["compile_scripts"] - before == 3  # 2 (a static graph), then 3 and 4 baked in
 
 
 def test_a_weight_written_in_place_compiles_again():
@@ -165,3 +245,73 @@ def test_buffers_are_constants_and_a_written_one_compiles_again():
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), **FP32)
     assert delta["executions"] == 1
+
+
+def fused_per_call(compiled, model, x):
+    """Fused partition runs of one warm call (and its output checked against eager)."""
+    with torch.no_grad():
+        compiled(x), compiled(x)
+    return fused_calls(compiled, model, x)
+
+
+def test_compiled_graphs_fuse_in_every_thread_and_leave_plain_modules_alone():
+    # 8 threads, each calling two compiled models and a TorchScript module traced with the fuser off,
+    # 500 times: the compiled calls all fuse (their switch is the calling thread's, for the call's
+    # length), the TorchScript module never does (the process-wide switch stays off throughout).
+    cnn, encoder, linear = ConvNet().eval(), TinyEncoder().eval(), nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()
+    x_cnn, x_encoder, x_linear = torch.randn(2, 3, 16, 16), tokens(2), torch.randn(4, 16)
+    compiled_cnn, compiled_encoder = torch.compile(cnn, backend="torch_llga"), torch.compile(encoder, backend="torch_llga")
+    with torch_llga.enabled(False), torch.no_grad():
+        plain = torch.jit.freeze(torch.jit.trace(linear, x_linear))
+        per_call = fused_per_call(compiled_cnn, cnn, x_cnn) + fused_per_call(compiled_encoder, encoder, x_encoder)
+        expected = [cnn(x_cnn), encoder(x_encoder), linear(x_linear)]
+        before = torch_llga.stats()
+
+        def worker(_):
+            for _ in range(500):
+                with torch.no_grad():  # grad mode is per thread
+                    outputs = [compiled_cnn(x_cnn), compiled_encoder(x_encoder), plain(x_linear)]
+                for out, exp in zip(outputs, expected):
+                    torch.testing.assert_close(out, exp, **FP32)
+
+        run_in_threads(worker, 8)
+        after = torch_llga.stats()
+    assert not torch_llga.is_enabled()
+    fused = after["executions"] - before["executions"] + after["plan_runs"] - before["plan_runs"]
+    assert per_call > 0 and fused == 8 * 500 * per_call
+    graphs = [plan.graph for plan in plain.get_debug_state().execution_plans.values()]
+    assert graphs and not any(n.kind().startswith("llga::") for g in graphs for n in g.findAllNodes("llga::FusionGroup", True)
+                              + g.findAllNodes("llga::Guard", True))
+
+
+# torch.export: an ExportedProgram through the same fuser, and saved for libtorch programs.
+def exported(model, example, dims):
+    return torch.export.export(model, (example,), dynamic_shapes=(dims,))
+
+
+BATCH = torch.export.Dim("batch", min=1, max=64)
+
+
+@pytest.mark.parametrize("model,make,dims,groups", [
+    (ConvNet, lambda b: torch.randn(b, 3, 16, 16), {0: BATCH},
+     [["_convolution", "relu"], ["_convolution", "add", "relu"], ["linear"]]),
+    (TinyEncoder, tokens, {0: BATCH, 1: torch.export.Dim("seq", min=2, max=128)}, None),
+], ids=["cnn", "encoder"])
+def test_exported_program_fuses_at_every_size_and_saves(tmp_path, model, make, dims, groups):
+    model = model().eval()
+    compiled = torch_llga.compile(exported(model, make(2), dims))
+    for batch in (2, 5, 3):
+        assert fused_per_call(compiled, model, make(batch)) > 0
+    if groups:
+        assert groups_of(torch.jit.last_executed_optimized_graph()) == groups
+    # Saved, it is a frozen TorchScript file: loaded with the fuser on, it fuses at every size too.
+    compiled.save(str(tmp_path / "model.pt"))
+    loaded = torch.jit.load(str(tmp_path / "model.pt"))
+    with torch_llga.enabled():
+        for batch in (4, 6):
+            assert fused_per_call(loaded, model, make(batch)) > 0
+
+
+def test_compile_takes_exported_programs_only():
+    with pytest.raises(TypeError, match="torch.export.ExportedProgram.*backend=\"torch_llga\""):
+        torch_llga.compile(ConvNet())

@@ -10,7 +10,8 @@ import torch
 import torch.utils
 from resnet import resnet18
 
-from conftest import fusion_groups
+import torch_llga
+from conftest import ConvNet, fusion_groups
 from torch_llga.bench_models import MODELS
 
 # Under `make test-sanitize` this module only costs time: it builds a separate, unsanitized
@@ -47,8 +48,16 @@ def built(tmp_path_factory):
         small_model = tmp / "deep_and_wide.pt"
         torch.jit.freeze(torch.jit.trace(small.eval(), inputs)).save(str(small_model))
         torch.save({"inputs": inputs, "expected": small(*inputs)}, str(tmp / "deep_and_wide_io.pt"))
+        # torch.export's way in: a program with a dynamic batch, saved by torch_llga.compile(...).save.
+        cnn = ConvNet().eval()
+        batch = torch.export.Dim("batch", min=1, max=64)
+        program = torch.export.export(cnn, (torch.rand(2, 3, 16, 16),), dynamic_shapes=({0: batch},))
+        torch_llga.compile(program).save(str(tmp / "exported.pt"))
+        x = [torch.rand(b, 3, 16, 16) for b in (2, 5)]
+        torch.save({"inputs": x, "expected": [cnn(t) for t in x]}, str(tmp / "exported_io.pt"))
     return {"prefix": prefix, "example": tmp / "example" / "run_model", "model": model,
-            "small_model": small_model, "small_io": tmp / "deep_and_wide_io.pt"}
+            "small_model": small_model, "small_io": tmp / "deep_and_wide_io.pt",
+            "exported": tmp / "exported.pt", "exported_io": tmp / "exported_io.pt"}
 
 
 def clean_env(**extra):
@@ -109,3 +118,35 @@ def test_preloaded_library_runs_small_graph_plans(built):
                          env=clean_env(LD_PRELOAD=str(lib), TORCH_LLGA_ENABLE="1"), capture_output=True, text=True, check=True)
     plans, diff = out.stdout.strip().splitlines()[-1].split()
     assert int(plans) == 1 and float(diff) <= 1e-5
+
+
+@pytest.mark.parametrize("batch", ["2", "7"])
+def test_exported_program_saved_runs_fused_in_a_cpp_program(built, batch):
+    out = subprocess.run([str(built["example"]), str(built["exported"]), f"{batch}x3x16x16", "3"], env=clean_env(),
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "outputs agree" in out.stdout
+
+
+PRELOADED_EXPORTED = """
+import warnings, torch
+warnings.filterwarnings("ignore")
+m = torch.jit.load({model!r})
+io = torch.load({io!r})
+with torch.no_grad():
+    for x, expected in zip(io["inputs"], io["expected"]):
+        m(x); m(x); y = m(x)
+        g = torch.jit.last_executed_optimized_graph()
+        print(len(g.findAllNodes("llga::FusionGroup", True)), (y - expected).abs().max().item())
+"""
+
+
+def test_exported_program_saved_fuses_with_the_environment_switch(built):
+    # A program that never imports torch_llga, the library preloaded, TORCH_LLGA_ENABLE=1: the
+    # saved program fuses at the batch it was exported with and at another one.
+    lib = built["prefix"] / "lib" / "libtorch_llga.so"
+    out = subprocess.run([sys.executable, "-c", PRELOADED_EXPORTED.format(model=str(built["exported"]), io=str(built["exported_io"]))],
+                         env=clean_env(LD_PRELOAD=str(lib), TORCH_LLGA_ENABLE="1"), capture_output=True, text=True, check=True)
+    for line in out.stdout.strip().splitlines()[-2:]:
+        groups, diff = line.split()
+        assert int(groups) == 3 and float(diff) <= 1e-5

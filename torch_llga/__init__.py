@@ -17,9 +17,11 @@ from . import _build
 
 _build.check()  # before the library loads: a build for another torch fails here, in one sentence
 from . import _C  # noqa: E402
+from . import dynamo  # noqa: E402
+from .dynamo import compile  # noqa: E402,A001  (torch_llga.compile(exported_program))
 
 __all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "config", "set_shape_policy", "shape_policy",
-           "set_cache_capacity", "cache_capacity", "set_buffer_pool_limit", "buffer_pool_limit", "release", "explain"]
+           "set_cache_capacity", "cache_capacity", "set_buffer_pool_limit", "buffer_pool_limit", "release", "explain", "compile"]
 
 
 def enable():
@@ -165,8 +167,10 @@ def stats():
     kept_buffer_bytes: memory of freed oneDNN buffers and LLGA tensors kept for the next call
     (at most buffer_pool_limit(); release() gives it back);
     to_dense_compilations: reorders compiled to hand LLGA tensors to PyTorch's ops (a fallback
-    reading a group's oneDNN-layout output), one per layout, cached."""
-    return dict(_C._stats())
+    reading a group's oneDNN-layout output), one per layout, cached;
+    compile_scripts: TorchScript scripts traced for torch.compile graphs and exported programs (one
+    per graph, and one per value of an int argument that is no input's size)."""
+    return {**_C._stats(), "compile_scripts": dynamo.traced_scripts}
 
 
 def onednn_version():

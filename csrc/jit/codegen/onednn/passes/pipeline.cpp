@@ -13,7 +13,7 @@
 namespace llga {
 
 void RunPipeline(std::shared_ptr<Graph>& g) {
-  if (!runtime::enabled() || !torch::jit::getProfilingMode()) return;
+  if (!runtime::fusing() || !torch::jit::getProfilingMode()) return;
   GRAPH_DUMP("Before torch_llga", g);
   // Profile nodes become types on the values; the guards re-check them at run time.
   torch::jit::RemoveProfileNodesAndSpecializeTypes(g);

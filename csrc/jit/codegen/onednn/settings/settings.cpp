@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace llga::runtime {
 
@@ -27,6 +28,7 @@ std::atomic<bool> g_enabled{enabled_by_environment()};
 std::atomic<bool> g_fuse_all_partitions{false};
 std::atomic<ShapePolicy> g_shape_policy{ShapePolicy::kCompile};
 std::atomic<int64_t> g_cache_capacity{16};
+thread_local bool t_enabled = false;
 std::atomic<bool> g_small_plans{!std::getenv("TORCH_LLGA_SMALL_PLANS") || std::strcmp(std::getenv("TORCH_LLGA_SMALL_PLANS"), "0") != 0};
 
 }  // namespace
@@ -40,6 +42,10 @@ bool enabled() {
   return g_enabled.load(std::memory_order_relaxed) && onednn::load_error().empty() && torch_mismatch().empty();
 }
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
+bool set_enabled_in_thread(bool on) { return std::exchange(t_enabled, on); }
+bool fusing() {
+  return (t_enabled || g_enabled.load(std::memory_order_relaxed)) && onednn::load_error().empty() && torch_mismatch().empty();
+}
 bool fuse_all_partitions() { return g_fuse_all_partitions.load(std::memory_order_relaxed); }
 void set_fuse_all_partitions(bool on) { g_fuse_all_partitions.store(on, std::memory_order_relaxed); }
 ShapePolicy shape_policy() { return g_shape_policy.load(std::memory_order_relaxed); }

@@ -11,6 +11,13 @@ namespace llga::runtime {
 bool enabled();
 void set_enabled(bool on);
 
+// The switch of the calling thread alone, on whatever the process-wide one says: a torch.compile
+// graph (torch_llga/dynamo.py) runs under it, so it fuses without flipping what other threads'
+// TorchScript modules get. Returns the thread's previous value.
+bool set_enabled_in_thread(bool on);
+// What the pass asks: is either switch on (and torch's oneDNN bound)?
+bool fusing();
+
 // Debug/test knob: make a group of every supported partition, also those not worth one (a lone
 // relu, a short elementwise chain), so each mapping can be tested by itself.
 bool fuse_all_partitions();
