@@ -1,5 +1,7 @@
 """torch.compile(model, backend="torch_llga"): each graph Dynamo hands over runs through the same
 fuser as the TorchScript path (torch_llga/dynamo.py)."""
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -140,8 +142,13 @@ def test_default_settings_fuse_every_batch_size(model, make):
 def test_dynamic_true_and_mark_dynamic_fuse_every_sequence_length():
     model = TinyEncoder().eval()
     compiled = torch.compile(model, backend="torch_llga", dynamic=True)
-    for seq in (5, 9, 16, 9):
-        assert fused_calls(compiled, model, tokens(2, seq)) > 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seq in (5, 9, 16, 9):
+            assert fused_calls(compiled, model, tokens(2, seq)) > 0
+    # One script for every length: nothing traced per size (Dynamo passes the embedding's float
+    # norm_type as a 0-dim tensor read with .item(): a value baked in, not a size).
+    assert not [w for w in caught if "torch_llga" in str(w.message)]
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="torch_llga")
     x = tokens(2, 7)
@@ -315,3 +322,41 @@ def test_exported_program_fuses_at_every_size_and_saves(tmp_path, model, make, d
 def test_compile_takes_exported_programs_only():
     with pytest.raises(TypeError, match="torch.export.ExportedProgram.*backend=\"torch_llga\""):
         torch_llga.compile(ConvNet())
+
+
+def test_a_size_computed_in_python_is_traced_per_size_with_a_warning():
+    class Halves(nn.Module):
+        def forward(self, x):
+            return F.relu(x.view(max(x.shape[0] // 2, 1), -1))  # Dynamo: torch.sym_max, a Python max on a trace
+
+    model = Halves()
+    compiled = torch.compile(model, backend="torch_llga", dynamic=True)
+    before = torch_llga.stats()["compile_scripts"]
+    with pytest.warns(UserWarning, match="traced once per input size"):
+        for batch in (4, 6, 8, 6):
+            fused_calls(compiled, model, torch.randn(batch, 8))
+    assert torch_llga.stats()["compile_scripts"] - before == 3
+
+
+def test_a_size_the_trace_baked_anyway_is_caught_and_traced_per_size(monkeypatch):
+    # As if a path _follow_sizes does not know: the exported encoder's view keeps its aten overload,
+    # which the tracer records with the example's sizes. At batch 5 the one script fails (or would
+    # give other sizes); a script traced at 5 runs, and from then on each size gets its own.
+    follow = torch_llga.dynamo._follow_sizes
+
+    def follow_but_keep_view(graph, roles):
+        result = follow(graph, roles)
+        for node in graph.nodes:
+            if node.op == "call_method" and node.target == "view":
+                node.op, node.target = "call_function", torch.ops.aten.view.default
+        return result
+
+    monkeypatch.setattr(torch_llga.dynamo, "_follow_sizes", follow_but_keep_view)
+    model = TinyEncoder().eval()
+    compiled = torch_llga.compile(exported(model, tokens(2), {0: BATCH}))
+    fused_calls(compiled, model, tokens(2))
+    with pytest.warns(UserWarning, match="did not follow its input sizes"):
+        assert fused_calls(compiled, model, tokens(5)) > 0
+    assert fused_per_call(compiled, model, tokens(3)) > 0
+    with pytest.raises(RuntimeError), torch.no_grad():
+        compiled(torch.randint(0, 100, (2, 12, 3)))  # a wrong input still fails, as in eager

@@ -61,8 +61,9 @@ SETTLE_MS = 100
 class Backend:
     """A model prepared one way; call() runs it once in the state it needs (fuser switches)."""
 
-    def __init__(self, name, model, inputs, dtype):
-        self.name, self.inputs = name, inputs
+    def __init__(self, name, model, inputs, dtype, more_inputs=()):
+        # more_inputs: input sets of other batch sizes (--batches), called in turn with `inputs`
+        self.name, self.inputs, self.rotation = name, inputs, [inputs, *more_inputs]
         t0 = time.perf_counter()
         with torch.no_grad(), self.switch():
             if name == "eager":
@@ -73,7 +74,7 @@ class Backend:
                 inductor_config.freezing = True
                 self.fn = torch.compile(model)
             elif name == "torch_llga_compile":  # torch_llga as a torch.compile backend (torch_llga/dynamo.py)
-                self.fn = torch.compile(model, backend="torch_llga", dynamic=False)
+                self.fn = torch.compile(model, backend="torch_llga")
             elif name == "openvino":
                 self.fn = openvino_fn(model, inputs, dtype)
             elif name == "onnxruntime":
@@ -83,6 +84,8 @@ class Backend:
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
             with fast_int8(name == "torch_llga_fast"):
                 self.output = self.fn(*inputs)  # optimization and first optimized run
+            for other in more_inputs:  # each size twice: Dynamo's recompilation, new partitions
+                self.fn(*other), self.fn(*other)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
 
     def switch(self):
@@ -101,10 +104,11 @@ class Backend:
             t = time.perf_counter()
             while (time.perf_counter() - t) * 1e3 < settle_ms:
                 self.fn(*self.inputs)
+            rotation, n = self.rotation, len(self.rotation)
             t = time.perf_counter()
-            for _ in range(repeat):
-                self.fn(*self.inputs)
-            return (time.perf_counter() - t) * 1e3 / repeat
+            for i in range(repeat * n):
+                self.fn(*rotation[i % n])
+            return (time.perf_counter() - t) * 1e3 / repeat  # a call of each size
 
 
 @contextlib.contextmanager
@@ -250,7 +254,11 @@ def bench_model(name, backends, args):
     if args.dtype == "bf16":
         model = model.to(torch.bfloat16)
         inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
-    row = {"model": name, "flops": flops_of(model, inputs), "results": {}}
+    more_inputs = [MODELS[name](args.batch * b)[1] for b in args.batches[1:]]
+    if args.dtype == "bf16":
+        more_inputs = [tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in m) for m in more_inputs]
+    flops = [flops_of(model, i) for i in (inputs, *more_inputs)]  # a sample times one call of each
+    row = {"model": name, "flops": sum(flops) if all(flops) else 0, "results": {}}
     models = dict.fromkeys(backends, model)  # the model each backend runs
     if args.dtype == "int8":
         progress(f"{name}: quantizing")
@@ -267,7 +275,7 @@ def bench_model(name, backends, args):
     for b in backends:
         progress(f"{name}: preparing {b}")
         try:
-            backend = Backend(b, models[b], inputs, args.dtype)
+            backend = Backend(b, models[b], inputs, args.dtype, more_inputs)
             diff = (first(backend.output).float() - expected.float()).abs().max().item()
             row["results"][b] = {"warmup_ms": backend.warmup_ms, "max_abs_diff": diff, "times": []}
             ready.append(backend)
@@ -328,6 +336,11 @@ def ratio_columns(backends):
     return [(h, b) for h, b in cols if b in backends]
 
 
+def compile_columns(backends):
+    """The "llga_compile vs Inductor" column: torch_llga's torch.compile backend beside Inductor's."""
+    return [("Inductor", "torch_compile")] if {"torch_compile", "torch_llga_compile"} <= set(backends) else []
+
+
 def cpu_name():
     return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
 
@@ -335,21 +348,26 @@ def cpu_name():
 def markdown(rows, backends, args):
     head = f"{cpu_name()} (oneDNN ISA {torch_llga.config()['cpu_isa']}); torch {torch.__version__}, " \
            f"oneDNN {torch_llga.onednn_version()} (torch's own, for every backend), " \
-           f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}; median ms over {args.rounds} rounds; " \
+           f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch}" + \
+           (f" x ({', '.join(map(str, args.batches))}) in turn (ms: one call of each)" if len(args.batches) > 1 else "") + \
+           f"; median ms over {args.rounds} rounds; " \
            f"ratios: median of per-round ratios, ~ where their middle half spans 1.00x"
     cols = ratio_columns(backends)
     # Preparation and first calls: torch_llga's and the built-in fuser's, and the other runtimes' in this run.
     warm = ["torch_llga", "builtin_onednn"] + [b for b in ("openvino", "onnxruntime") if b in backends]
     warm_heading = " / ".join({"torch_llga": "llga", "builtin_onednn": "built-in"}.get(b, b) for b in warm)
+    compile_cols = compile_columns(backends)
     lines = [head, "", "| model | " + " | ".join(backends) + "".join(f" | llga vs {h}" for h, _ in cols) +
+             "".join(f" | llga_compile vs {h}" for h, _ in compile_cols) +
              f" | llga GFLOP/s | first 2 calls ms ({warm_heading}) |",
-             "|---" * (len(backends) + len(cols) + 3) + "|"]
+             "|---" * (len(backends) + len(cols) + len(compile_cols) + 3) + "|"]
     for row in rows:
         cells = []
         for b in backends:
             res = row["results"].get(b, {})
             cells.append(f"{res['median_ms']:.3f}" if "median_ms" in res else f"failed: {res.get('error', '?')}")
-        spreads = [ratio_spread(row, base, "torch_llga") for _, base in cols]
+        spreads = [ratio_spread(row, base, "torch_llga") for _, base in cols] + \
+                  [ratio_spread(row, base, "torch_llga_compile") for _, base in compile_cols]
         llga = row["results"].get("torch_llga", {})
         gflops = f"{row['flops'] / llga['median_ms'] / 1e6:.0f}" if "median_ms" in llga and row["flops"] else "-"
         warmups = "/".join(f"{row['results'].get(b, {}).get('warmup_ms', float('nan')):.0f}" for b in warm)
@@ -395,6 +413,9 @@ def main(argv=None):
     parser.add_argument("--backends", help="comma-separated, from: " + ", ".join(BACKENDS) +
                         f"; default: all but {', '.join(sorted(NOT_DEFAULT))} ({INT8_DEFAULT_BACKENDS} with --dtype int8)")
     parser.add_argument("--batch", type=int, default=1, help="batch multiplier (models keep their own base batch)")
+    parser.add_argument("--batches", default="1",
+                        help="comma-separated batch multipliers called in turn, e.g. 1,2,3: a sample times one call "
+                             "of each (what a service sees; torch.compile backends recompile for dynamic sizes)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
     parser.add_argument("--rounds", type=int, default=15)
@@ -407,6 +428,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     models = [m for m in args.models.split(",") if m]
+    try:
+        args.batches = [int(b) for b in args.batches.split(",") if b]
+        assert args.batches and min(args.batches) >= 1
+    except (ValueError, AssertionError):
+        parser.error(f"--batches takes positive ints, comma-separated, not {args.batches!r}")
+    if args.batches[0] != 1:
+        parser.error("--batches starts with 1 (the --batch the models are built and checked with)")
     if args.backends is None:
         args.backends = INT8_DEFAULT_BACKENDS if args.dtype == "int8" else ",".join(b for b in BACKENDS if b not in NOT_DEFAULT)
     backends = [b for b in args.backends.split(",") if b]

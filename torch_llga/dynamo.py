@@ -44,8 +44,8 @@ def _warn_once(message):
 
 
 def _symbol(value):
-    """The sympy expression behind a SymInt (None for anything else)."""
-    return value.node.expr if isinstance(value, torch.SymInt) else None
+    """The sympy expression behind a SymInt, SymFloat or SymBool (None for anything else)."""
+    return value.node.expr if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) else None
 
 
 _INT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
@@ -62,15 +62,21 @@ def _is_symbolic(value):
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
+_VALUE_READS = {"item", "tolist"}
+
+
 def _follow_sizes(graph, roles):
     """Rewrites `graph` so that the TorchScript tracer follows its symbolic sizes: aten.sym_size
     becomes Tensor.size (which the tracer records as aten::size), and an aten op overload taking a
     size becomes the Tensor method or torch function of that name (an overload called directly
-    receives a plain int: the trace would bake the size in, silently). Returns whether every use of
-    a size is one the tracer follows; if not, the graph is traced per input size instead."""
+    receives a plain int: the trace would bake the size in, silently). Returns (stray, read): the
+    first node computing with a size in a way the tracer does not follow (None if none: then one
+    script serves every size), and the inputs whose value the graph reads (`.item()` of a number
+    Dynamo passes as a 0-dim tensor: baked in, one script per value)."""
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    symbolic = {n for n, r in zip(placeholders, roles) if r[0] == "size"}
-    follows = True
+    dynamic = {n for n, r in zip(placeholders, roles) if r[0] == "size"}  # ints that vary, read in the script
+    baked = {n for n, r in zip(placeholders, roles) if r[0] == "value"}  # ints that are constants of a script
+    read, stray = set(), None
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:
             with graph.inserting_before(node):
@@ -78,22 +84,31 @@ def _follow_sizes(graph, roles):
             size.meta = node.meta
             node.replace_all_uses_with(size)
             graph.erase_node(node)
-            symbolic.add(size)
+            dynamic.add(size)
             continue
-        if node.op == "placeholder" or not _is_symbolic(_example(node)) and not any(
-                a in symbolic for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)):
+        if node.op == "placeholder":
             continue
-        uses_size = any(a in symbolic for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node))
-        if not uses_size:
+        inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
+        value = _example(node)
+        if not any(a in dynamic for a in inputs):
+            if not _is_symbolic(value):
+                continue
+            first = node.args[0] if node.args else None
             if node.op == "call_method" and node.target == "size":
-                symbolic.add(node)
-            else:  # a size from elsewhere (a stride, an element count, a tensor's value)
-                follows = False
+                dynamic.add(node)
+            elif node.op == "call_method" and node.target in _VALUE_READS and first in placeholders \
+                    and roles[placeholders.index(first)][0] == "tensor":
+                read.add(placeholders.index(first))
+                baked.add(node)
+            elif inputs and all(a in baked or not _is_symbolic(_example(a)) for a in inputs) and any(a in baked for a in inputs):
+                baked.add(node)
+            else:  # a size from elsewhere (a stride, an element count, an intermediate tensor's value)
+                stray = stray or node
             continue
-        if not isinstance(_example(node), torch.Tensor):
-            symbolic.add(node)  # an int computed from sizes (a tensor made with one is not)
+        if not isinstance(value, torch.Tensor):
+            dynamic.add(node)  # an int computed from sizes (a tensor made with one is not)
         if node.op == "call_method" or node.op == "output":
-            follows = follows and node.op == "call_method"  # a traced script returns tensors only
+            stray = stray or (node if node.op == "output" else None)  # a traced script returns tensors only
         elif isinstance(node.target, torch._ops.OpOverload):
             name = node.target._schema.name.split("::")[1]
             first = node.args[0] if node.args else None
@@ -102,41 +117,49 @@ def _follow_sizes(graph, roles):
             elif hasattr(torch, name):
                 node.target = getattr(torch, name)
             else:
-                follows = False
+                stray = stray or node
         elif node.target not in _INT_ARITHMETIC and not (
                 getattr(node.target, "__module__", "").startswith("torch") and not node.target.__name__.startswith("sym_")):
-            follows = False  # Python code (math.*, int(), torch.sym_max) computes with the traced size's value
-    return follows
+            stray = stray or node  # Python code (math.*, int(), torch.sym_max) computes with the traced size's value
+    return stray, read
 
 
 class _FxScripts:
     """One FX graph whose inputs play roles: "state" (a parameter or buffer: baked in as a constant,
     checked on every call: one replaced or written in place compiles again), "tensor" (an input of the
-    script), "size" (an int that is dimension `dim` of input `of`: read from it inside the script) and
-    "value" (any other scalar: baked in, one script per value)."""
+    script), "size" (an int that is dimension `dim` of input `of`: read from it inside the script),
+    "value" (any other scalar: baked in, one script per value) and "scalar" (a 0-dim tensor input
+    whose value the graph reads: baked in, one script per value)."""
 
     def __init__(self, gm, roles, output_spec=None):
         self.gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the caller keeps its graph
+        stray, read = _follow_sizes(self.gm.graph, roles)
+        roles = [("scalar",) if i in read else r for i, r in enumerate(roles)]
         self.roles, self.output_spec = roles, output_spec
         self.state = [i for i, r in enumerate(roles) if r[0] == "state"]
         self.tensors = [i for i, r in enumerate(roles) if r[0] == "tensor"]
         self.values = [i for i, r in enumerate(roles) if r[0] == "value"]
-        self.generic = _follow_sizes(self.gm.graph, roles)  # one script for every size
+        self.scalars = [i for i, r in enumerate(roles) if r[0] == "scalar"]
+        self.generic = stray is None  # one script for every size
+        if stray is not None:
+            _warn_once(f"torch_llga: a graph computes with a size through {stray.format_node()}, which the "
+                       "TorchScript trace cannot follow: it is traced once per input size (the last "
+                       "cache_capacity() kept), fused at each; a size read with x.shape / x.size() avoids this")
         self.gm.recompile()
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         self.symbols = [(i, d, _symbol(size)) for i in self.tensors if isinstance(_example(placeholders[i]), torch.Tensor)
-                        for d, size in enumerate(_example(placeholders[i]).shape) if _symbol(size) is not None]
+                        for d, size in enumerate(_example(placeholders[i]).shape) if getattr(_symbol(size), "is_Symbol", False)]
         outputs = next(n for n in self.gm.graph.nodes if n.op == "output").args[0]
         self.output_shapes = [tuple(_symbol(s) if _symbol(s) is not None else s for s in _example(n).shape)
                               if isinstance(n, torch.fx.Node) and isinstance(_example(n), torch.Tensor) else None
                               for n in pytree.tree_leaves(outputs)]
-        self.checked = set()  # input sizes whose output sizes were checked against the graph's
+        self.checked = set()  # input sizes the one script ran right at (_first_call_at)
         self.scripts = collections.OrderedDict()  # key -> frozen script, least recently used first
         self.baked = None  # [(tensor, version)] of the state the scripts hold
         self.lock = threading.Lock()
 
     def _key(self, args):
-        key = tuple(args[i] for i in self.values)
+        key = tuple(args[i] for i in self.values) + tuple(args[i].item() for i in self.scalars)
         if not self.generic:  # traced per input size (and layout)
             key += tuple((args[i].shape, args[i].stride()) for i in self.tensors)
         return key
@@ -159,49 +182,75 @@ class _FxScripts:
             self.scripts.move_to_end(key)
             return self.scripts[key]
 
-    def _check_output_sizes(self, args, outputs):
-        """At input sizes not seen before: are the outputs the sizes the graph says? A size the trace
-        baked in anyway (a path _follow_sizes did not know) shows here; the graph is then traced per
-        input size from now on, and this call's result traced again."""
-        sizes = tuple(args[i].shape for i in self.tensors)
-        if sizes in self.checked:
-            return True
+    def _sizes_followed(self, args, outputs):
+        """Are the outputs the sizes the graph says they are at these input sizes?"""
         values = {symbol: args[i].shape[d] for i, d, symbol in self.symbols}
         for out, expected in zip(pytree.tree_leaves(outputs), self.output_shapes):
             if expected is None or not isinstance(out, torch.Tensor):
                 continue
             want = [int(e.xreplace(values)) if hasattr(e, "xreplace") and e.free_symbols <= values.keys() else e
                     for e in expected]
-            if any(isinstance(w, int) and w != o for w, o in zip(want, out.shape)) or len(want) != out.dim():
-                with self.lock:
-                    if self.generic:
-                        self.generic = False
-                        self.scripts.clear()
-                        _warn_once("torch_llga: a graph's traced script did not follow its sizes (an op "
-                                   "outside those it knows read one); it is traced per input size from now on")
+            if len(want) != out.dim() or any(isinstance(w, int) and w != o for w, o in zip(want, out.shape)):
                 return False
-        if len(self.checked) > 4096:
-            self.checked.clear()
-        self.checked.add(sizes)
         return True
+
+    def _first_call_at(self, script, args, inputs):
+        """A call of the one script at input sizes it has not run before. A size the trace baked in
+        anyway (a path _follow_sizes does not know) shows here: an error or outputs of other sizes
+        than the graph's. If a script traced at these sizes then runs, the graph is traced per input
+        size from now on (with a warning); if it fails too, the inputs are wrong: its error is raised."""
+        sizes = tuple(args[i].shape for i in self.tensors)
+        try:
+            outputs = script(*inputs)
+            followed = self._sizes_followed(args, outputs)
+        except RuntimeError:
+            followed = False
+        if followed:
+            if len(self.checked) > 4096:
+                self.checked.clear()
+            self.checked.add(sizes)
+            return outputs
+        traced = self._trace(args)
+        outputs = traced(*inputs)  # raises for inputs the graph does not take
+        with self.lock:
+            if self.generic:
+                self.generic = False
+                self.scripts.clear()
+                _warn_once("torch_llga: a graph's traced script did not follow its input sizes (an op read "
+                           "one in a way the trace does not record): it is traced per input size from now on")
+            self.scripts[self._key(args)] = traced
+        return outputs
+
+    def _bake_sizes(self, graph, placeholders, args):
+        """For a script of these input sizes only: every int the graph computes from sizes becomes
+        its value at them (Python code the tracer cannot follow then computes with plain ints)."""
+        values = {symbol: args[i].shape[d] for i, d, symbol in self.symbols}
+        values.update({_symbol(_example(n)): args[i] for i, n in enumerate(placeholders)
+                       if self.roles[i][0] in ("value", "size") and _symbol(_example(n)) is not None})
+        for node in list(graph.nodes):
+            symbol = _symbol(_example(node))
+            if node.op != "placeholder" and symbol is not None and symbol.free_symbols <= values.keys():
+                kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(_example(node))]
+                _replace_with_constant(node, kind(symbol.xreplace(values)))
+                graph.erase_node(node)
 
     def _trace(self, args):
         global traced_scripts
         gm = torch.fx.GraphModule(self.gm, copy.deepcopy(self.gm.graph))
         graph = gm.graph
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        if not self.generic:
+            self._bake_sizes(graph, placeholders, args)
         with graph.inserting_after(placeholders[-1] if placeholders else None):
             for i, (node, role) in enumerate(zip(placeholders, self.roles)):
-                if role[0] == "state":  # an attribute, so that freezing makes it a constant
+                if role[0] in ("state", "scalar"):  # an attribute, so that freezing makes it a constant
                     name = f"_llga_constant_{i}"
-                    gm.register_buffer(name, args[i].detach())
+                    gm.register_buffer(name, args[i].detach().clone() if role[0] == "scalar" else args[i].detach())
                     node.replace_all_uses_with(graph.get_attr(name))
-                elif role[0] == "size":
+                elif role[0] == "size" and self.generic:
                     node.replace_all_uses_with(graph.call_method("size", (placeholders[role[1]], role[2])))
-                elif role[0] == "value":
-                    for user in list(node.users):
-                        user.args = torch.fx.node.map_arg(user.args, lambda a: args[i] if a is node else a)
-                        user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: args[i] if a is node else a)
+                elif role[0] in ("value", "size"):
+                    _replace_with_constant(node, args[i])
         for node, role in zip(placeholders, self.roles):
             if role[0] != "tensor":
                 graph.erase_node(node)
@@ -211,7 +260,10 @@ class _FxScripts:
         inputs = tuple(args[i] for i in self.tensors)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit's deprecation notes, the tracer's on sizes read
-            script = torch.jit.freeze(torch.jit.trace(module.eval(), inputs, check_trace=False, strict=False))
+            try:
+                script = torch.jit.freeze(torch.jit.trace(module.eval(), inputs, check_trace=False, strict=False))
+            except Exception as e:  # noqa: BLE001 - what TorchScript cannot trace, said in one line
+                raise TraceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from e
             was_on = _C._set_enabled_in_thread(True)
             try:
                 script(*inputs)  # the profiling run, here: the caller's first call already runs fused
@@ -227,12 +279,22 @@ class _FxScripts:
         was_on = _C._set_enabled_in_thread(True)
         try:
             with torch.no_grad():
-                outputs = self.script(args)(*inputs)
-                if self.generic and self.symbols and not self._check_output_sizes(args, outputs):
-                    outputs = self.script(args)(*inputs)
-                return outputs
+                script = self.script(args)
+                if self.generic and self.symbols and tuple(args[i].shape for i in self.tensors) not in self.checked:
+                    return self._first_call_at(script, args, inputs)
+                return script(*inputs)
         finally:
             _C._set_enabled_in_thread(was_on)
+
+
+def _replace_with_constant(node, value):
+    for user in list(node.users):
+        user.args = torch.fx.node.map_arg(user.args, lambda a: value if a is node else a)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
+
+
+class TraceError(RuntimeError):
+    """A graph TorchScript's tracer could not trace (an op or output type it does not know)."""
 
 
 class _Unflattened(torch.nn.Module):
@@ -284,6 +346,7 @@ class _Compiled:
             x = example_inputs[i]
             return isinstance(x, torch.nn.Parameter) or (isinstance(x, torch.Tensor) and "_buffers_" in placeholders[i].name)
         self.scripts = _FxScripts(gm, _roles(fakes, is_state))
+        self.untraceable = False
 
     def __call__(self, *args):
         # Parameters count: outside no_grad an eager call would record them for backward.
@@ -291,7 +354,15 @@ class _Compiled:
             _warn_once("torch_llga runs inference only: a call that needs gradients runs eager "
                        "(call the model under torch.no_grad() or torch.inference_mode() to fuse)")
             return self.gm(*args)
-        return self.scripts(args)
+        if not self.untraceable:
+            try:
+                return self.scripts(args)
+            except TraceError as e:
+                self.untraceable = True
+                _warn_once(f"torch_llga could not trace a graph to TorchScript ({e}): that graph runs eager, "
+                           "unfused. TORCH_LOGS=graph_code shows it; a graph break "
+                           "(torch._dynamo.graph_break()) before the op named keeps the rest fused")
+        return self.gm(*args)
 
 
 def torch_llga_backend(gm, example_inputs, **_options):
