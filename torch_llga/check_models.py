@@ -102,7 +102,7 @@ def check_compiled(name, size):
     model, inputs = make(name, size)
     model = informative(model)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="torch_llga", dynamic=False)
+    compiled = torch.compile(model, backend="torch_llga")
     with torch.no_grad():
         expected = model(*inputs)
         compiled(*inputs)  # compilation
