@@ -360,3 +360,42 @@ def test_a_size_the_trace_baked_anyway_is_caught_and_traced_per_size(monkeypatch
     assert fused_per_call(compiled, model, tokens(3)) > 0
     with pytest.raises(RuntimeError), torch.no_grad():
         compiled(torch.randint(0, 100, (2, 12, 3)))  # a wrong input still fails, as in eager
+
+
+class Cache(nn.Module):
+    """A buffer written in place every call (a KV cache's shape): its writes must land in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.register_buffer("cache", torch.zeros(4, 8))
+
+    def forward(self, x, position):
+        self.cache.index_copy_(0, position, F.relu(self.linear(x)))
+        return self.linear(self.cache).sum(0)
+
+
+def test_a_buffer_written_in_place_keeps_its_writes():
+    model, reference = Cache().eval(), Cache().eval()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="torch_llga")
+    for step in range(4):
+        x, position = torch.randn(1, 8), torch.tensor([step])
+        with torch.no_grad():
+            out, expected = compiled(x, position), reference(x, position)
+        torch.testing.assert_close(out, expected, **FP32)
+        torch.testing.assert_close(model.cache, reference.cache, **FP32)
+    assert model.cache.abs().sum(1).gt(0).all()  # every row written, in the module's own buffer
+
+
+def test_an_exported_program_keeps_its_buffer_writes():
+    model, reference = Cache().eval(), Cache().eval()
+    reference.load_state_dict(model.state_dict())
+    program = torch.export.export(model, (torch.randn(1, 8), torch.tensor([0])))
+    compiled = torch_llga.compile(program)
+    for step in range(4):
+        x, position = torch.randn(1, 8), torch.tensor([step])
+        with torch.no_grad():
+            out, expected = compiled(x, position), reference(x, position)
+        torch.testing.assert_close(out, expected, **FP32)
+    torch.testing.assert_close(program.state_dict["cache"], reference.cache, **FP32)

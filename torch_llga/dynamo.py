@@ -329,6 +329,33 @@ def _roles(fakes, is_state):
     return [r or _size_source(fakes[i], fakes, roles) or ("value",) for i, r in enumerate(roles)]
 
 
+# Ops whose output may share memory with their first input: a write into it writes the input.
+_VIEWS = {"view", "reshape", "transpose", "permute", "select", "narrow", "expand", "unsqueeze", "squeeze", "flatten",
+          "unflatten", "t", "as_strided", "split", "chunk", "unbind", "diagonal", "contiguous", "detach", "to", "view_as",
+          "expand_as", "reshape_as", "movedim", "swapaxes", "slice", "alias", "__getitem__", "getitem"}
+
+
+def _written_in_place(graph):
+    """The placeholders an op of the graph writes (in place, directly or through a view)."""
+    aliases = {n: n for n in graph.nodes if n.op == "placeholder"}  # node -> the placeholder it may view
+    written = set()
+    for node in graph.nodes:
+        first = node.args[0] if node.args else None
+        if first not in aliases or node.op not in ("call_method", "call_function"):
+            continue
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        if isinstance(node.target, torch._ops.OpOverload):
+            name = node.target._schema.name.split("::")[1]
+            if node.target._schema.is_mutable:
+                written.add(aliases[first])
+        if (name.endswith("_") and not name.startswith("__")) or name in ("setitem", "__setitem__", "copy_") \
+                or node.kwargs.get("inplace") is True or (node.kwargs.get("out") is not None):
+            written.add(aliases[first])
+        elif name in _VIEWS:
+            aliases[node] = aliases[first]
+    return written
+
+
 def _needs_gradients(args):
     return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
@@ -342,9 +369,14 @@ class _Compiled:
         fakes = [n.meta.get("example_value", x) for n, x in zip(placeholders, example_inputs)]
         # The module's state among the inputs: its parameters, and its buffers, which Dynamo names
         # "..._buffers_..." (batch norm statistics, an FX-quantized model's scales and zero points).
+        # A state the graph writes in place (a cache, a counter) stays an input: frozen, the write
+        # would land in a copy.
+        written = _written_in_place(gm.graph)
+
         def is_state(i):
             x = example_inputs[i]
-            return isinstance(x, torch.nn.Parameter) or (isinstance(x, torch.Tensor) and "_buffers_" in placeholders[i].name)
+            return placeholders[i] not in written and (
+                isinstance(x, torch.nn.Parameter) or (isinstance(x, torch.Tensor) and "_buffers_" in placeholders[i].name))
         self.scripts = _FxScripts(gm, _roles(fakes, is_state))
         self.untraceable = False
 
@@ -379,13 +411,23 @@ class CompiledProgram:
         from torch.export.graph_signature import InputKind
 
         self.program = program
+        signature = program.graph_signature
+        # A functionalized program returns the new values of what it writes (run_decompositions does
+        # that); the graph as exported writes in place, which the script keeps.
+        written = {**signature.buffers_to_mutate, **getattr(signature, "user_inputs_to_mutate", {})}
+        if written:
+            raise NotImplementedError(
+                f"torch_llga.compile: this program returns new values for {', '.join(sorted(set(written.values())))} "
+                "(a functionalized graph), which it does not run yet: compile the program torch.export.export "
+                "returned, before run_decompositions, or use torch.compile(model, backend=\"torch_llga\")")
         specs = program.graph_signature.input_specs
         values = {**program.state_dict, **program.constants}
         self.state = [values[s.target] if s.kind != InputKind.USER_INPUT else None for s in specs]
         gm = program.graph_module
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         fakes = [n.meta.get("val") for n in placeholders]
-        self.scripts = _FxScripts(gm, _roles(fakes, lambda i: specs[i].kind != InputKind.USER_INPUT),
+        written = _written_in_place(gm.graph)  # a buffer written in place is passed, not frozen: the write lands in it
+        self.scripts = _FxScripts(gm, _roles(fakes, lambda i: specs[i].kind != InputKind.USER_INPUT and placeholders[i] not in written),
                                   program.call_spec.out_spec)
         self.in_spec = program.call_spec.in_spec
 
