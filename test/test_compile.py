@@ -399,3 +399,44 @@ def test_an_exported_program_keeps_its_buffer_writes():
             out, expected = compiled(x, position), reference(x, position)
         torch.testing.assert_close(out, expected, **FP32)
     torch.testing.assert_close(program.state_dict["cache"], reference.cache, **FP32)
+
+
+class Counter(nn.Module):
+    def forward(self, x, count):
+        count.add_(1)  # an input written in place: once a call, not again by tracing or profiling
+        return F.relu(x) * count
+
+
+def test_a_graph_writing_its_input_writes_it_once_a_call():
+    compiled, count = torch.compile(Counter(), backend="torch_llga"), torch.zeros(())
+    with torch.no_grad():
+        for call in range(1, 4):
+            out = compiled(torch.ones(2, 4), count)
+            assert count.item() == call and torch.equal(out, torch.full((2, 4), float(call)))
+
+
+LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=500, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_with_a_kv_cache_gives_eager_tokens(cache):
+    # Hugging Face generate() with forward compiled: the cache is written in place every step (the
+    # static cache's tensors are created in the first step's graph and returned for Dynamo to keep).
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**LLAMA)).eval()
+    compiled = LlamaForCausalLM(LlamaConfig(**LLAMA)).eval()
+    compiled.load_state_dict(model.state_dict())
+    compiled.forward = torch.compile(compiled.forward, backend="torch_llga")
+    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                    **({"cache_implementation": "static"} if cache == "static" else {}))
+    for batch, prompt in ((1, 8), (1, 11), (4, 8)):
+        ids = torch.randint(0, LLAMA["vocab_size"], (batch, prompt))
+        before = torch_llga.stats()["executions"]
+        with torch.no_grad():
+            expected = model.generate(ids, attention_mask=torch.ones_like(ids), **settings)
+            tokens = compiled.generate(ids, attention_mask=torch.ones_like(ids), **settings)
+        assert torch.equal(tokens, expected), f"batch {batch}, prompt {prompt}"
+        assert torch_llga.stats()["executions"] - before >= 12  # every step ran fused partitions

@@ -49,7 +49,8 @@ def _symbol(value):
 
 
 _INT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
-                   operator.neg, operator.pow, operator.getitem}
+                   operator.neg, operator.pow, operator.getitem, operator.eq, operator.ne, operator.lt, operator.le,
+                   operator.gt, operator.ge}
 
 
 def _example(node):
@@ -77,7 +78,16 @@ def _follow_sizes(graph, roles):
     dynamic = {n for n, r in zip(placeholders, roles) if r[0] == "size"}  # ints that vary, read in the script
     baked = {n for n, r in zip(placeholders, roles) if r[0] == "value"}  # ints that are constants of a script
     read, stray = set(), None
+    # Numbers nothing uses, or only other such numbers (Dynamo keeps some: a cache's numel(), a
+    # `not (batch == 1)`): whatever they compute reaches no output.
+    unused = set()
+    for node in reversed(graph.nodes):
+        if node.op in ("call_function", "call_method") and not isinstance(_example(node), torch.Tensor) \
+                and all(user in unused for user in node.users):
+            unused.add(node)
     for node in list(graph.nodes):
+        if node in unused:
+            continue
         if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:
             with graph.inserting_before(node):
                 size = graph.call_method("size", node.args)
@@ -124,6 +134,34 @@ def _follow_sizes(graph, roles):
     return stray, read
 
 
+def _numbers_out(graph):
+    """A Dynamo graph may return numbers beside its tensors (a size its caller keeps, say, a cache's
+    length); a traced script returns tensors only. Rewrites the graph to return its tensors and
+    returns how to rebuild the outputs: ("tensor", k) the script's k-th, ("constant", value), or
+    ("number", (int/float/bool, sympy expression of the inputs' sizes and ints)). None if the graph
+    returns only tensors, or a number no input determines (then it is left to the tracer's error)."""
+    output = next(n for n in graph.nodes if n.op == "output")
+    leaves = output.args[0]
+    if not isinstance(leaves, (tuple, list)):
+        return None
+    recipe, tensors = [], []
+    for leaf in leaves:
+        value = _example(leaf) if isinstance(leaf, torch.fx.Node) else leaf
+        if isinstance(leaf, torch.fx.Node) and isinstance(value, torch.Tensor):
+            recipe.append(("tensor", len(tensors)))
+            tensors.append(leaf)
+        elif _symbol(value) is not None:
+            recipe.append(("number", ({torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)], _symbol(value))))
+        elif value is None or isinstance(value, (int, float, bool)):
+            recipe.append(("constant", value))
+        else:
+            return None
+    if len(tensors) == len(leaves):
+        return None
+    output.args = (tuple(tensors),)
+    return recipe
+
+
 class _FxScripts:
     """One FX graph whose inputs play roles: "state" (a parameter or buffer: baked in as a constant,
     checked on every call: one replaced or written in place compiles again), "tensor" (an input of the
@@ -133,6 +171,7 @@ class _FxScripts:
 
     def __init__(self, gm, roles, output_spec=None):
         self.gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the caller keeps its graph
+        self.numbers_out = _numbers_out(self.gm.graph) if output_spec is None else None
         stray, read = _follow_sizes(self.gm.graph, roles)
         roles = [("scalar",) if i in read else r for i, r in enumerate(roles)]
         self.roles, self.output_spec = roles, output_spec
@@ -149,6 +188,11 @@ class _FxScripts:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         self.symbols = [(i, d, _symbol(size)) for i in self.tensors if isinstance(_example(placeholders[i]), torch.Tensor)
                         for d, size in enumerate(_example(placeholders[i]).shape) if getattr(_symbol(size), "is_Symbol", False)]
+        self.int_symbols = [(i, _symbol(_example(n))) for i, n in enumerate(placeholders)
+                            if roles[i][0] in ("size", "value") and getattr(_symbol(_example(n)), "is_Symbol", False)]
+        known = {symbol for *_, symbol in self.symbols} | {symbol for _, symbol in self.int_symbols}
+        if any(kind == "number" and not what[1].free_symbols <= known for kind, what in self.numbers_out or ()):
+            raise TraceError("the graph returns a number no input size determines")
         outputs = next(n for n in self.gm.graph.nodes if n.op == "output").args[0]
         self.output_shapes = [tuple(_symbol(s) if _symbol(s) is not None else s for s in _example(n).shape)
                               if isinstance(n, torch.fx.Node) and isinstance(_example(n), torch.Tensor) else None
@@ -257,16 +301,18 @@ class _FxScripts:
         graph.lint()
         gm.recompile()
         module = gm if self.output_spec is None else _Unflattened(gm, self.output_spec)
-        inputs = tuple(args[i] for i in self.tensors)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit's deprecation notes, the tracer's on sizes read
+            # Tracing and the profiling run execute the graph: on copies, so that a graph writing
+            # its inputs (a cache position, a KV cache) writes them once, in the caller's call.
             try:
-                script = torch.jit.freeze(torch.jit.trace(module.eval(), inputs, check_trace=False, strict=False))
+                copies = tuple(args[i].clone() for i in self.tensors)
+                script = torch.jit.freeze(torch.jit.trace(module.eval(), copies, check_trace=False, strict=False))
             except Exception as e:  # noqa: BLE001 - what TorchScript cannot trace, said in one line
                 raise TraceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from e
             was_on = _C._set_enabled_in_thread(True)
             try:
-                script(*inputs)  # the profiling run, here: the caller's first call already runs fused
+                script(*(args[i].clone() for i in self.tensors))  # the profiling run: the caller's first call runs fused
             finally:
                 _C._set_enabled_in_thread(was_on)
         traced_scripts += 1
@@ -281,10 +327,28 @@ class _FxScripts:
             with torch.no_grad():
                 script = self.script(args)
                 if self.generic and self.symbols and tuple(args[i].shape for i in self.tensors) not in self.checked:
-                    return self._first_call_at(script, args, inputs)
-                return script(*inputs)
+                    outputs = self._first_call_at(script, args, inputs)
+                else:
+                    outputs = script(*inputs)
         finally:
             _C._set_enabled_in_thread(was_on)
+        return outputs if self.numbers_out is None else self._with_numbers(args, outputs)
+
+    def _with_numbers(self, args, tensors):
+        """The graph's outputs: the script's tensors, and the numbers it returned beside them."""
+        values = {symbol: args[i].shape[d] for i, d, symbol in self.symbols}
+        values.update({symbol: args[i] for i, symbol in self.int_symbols})
+        out = []
+        for kind, what in self.numbers_out:
+            if kind == "tensor":
+                out.append(tensors[what])
+            elif kind == "constant":
+                out.append(what)
+            else:
+                number_type, expr = what
+                out.append(number_type(expr.xreplace(values)))
+        return tuple(out)
+
 
 
 def _replace_with_constant(node, value):
@@ -377,8 +441,11 @@ class _Compiled:
             x = example_inputs[i]
             return placeholders[i] not in written and (
                 isinstance(x, torch.nn.Parameter) or (isinstance(x, torch.Tensor) and "_buffers_" in placeholders[i].name))
-        self.scripts = _FxScripts(gm, _roles(fakes, is_state))
         self.untraceable = False
+        try:
+            self.scripts = _FxScripts(gm, _roles(fakes, is_state))
+        except TraceError as e:
+            self._give_up(e)
 
     def __call__(self, *args):
         # Parameters count: outside no_grad an eager call would record them for backward.
@@ -390,11 +457,14 @@ class _Compiled:
             try:
                 return self.scripts(args)
             except TraceError as e:
-                self.untraceable = True
-                _warn_once(f"torch_llga could not trace a graph to TorchScript ({e}): that graph runs eager, "
-                           "unfused. TORCH_LOGS=graph_code shows it; a graph break "
-                           "(torch._dynamo.graph_break()) before the op named keeps the rest fused")
+                self._give_up(e)
         return self.gm(*args)
+
+    def _give_up(self, error):
+        self.untraceable = True
+        _warn_once(f"torch_llga could not trace a graph to TorchScript ({error}): that graph runs eager, "
+                   "unfused. TORCH_LOGS=graph_code shows it; a graph break "
+                   "(torch._dynamo.graph_break()) before the op named keeps the rest fused")
 
 
 def torch_llga_backend(gm, example_inputs, **_options):
