@@ -233,6 +233,14 @@ def test_layer_norm_without_affine():
     check(lambda a: F.layer_norm(a, [16]), x, groups=[["layer_norm"]])
 
 
+@pytest.mark.parametrize("eps", [None, 1e-6], ids=["type_epsilon", "given_epsilon"])
+def test_rms_norm(eps):
+    norm = torch.nn.RMSNorm(16, eps=eps)
+    norm.weight.data.uniform_(-1, 1)
+    check(norm, x, groups=[["rms_norm"]])
+    check(lambda a: F.rms_norm(a, [16], eps=eps), x, groups=[["rms_norm"]])
+
+
 @pytest.mark.parametrize("fn,inp", [
     (lambda a: F.max_pool2d(a, 3, 2, 1), torch.randn(1, 4, 9, 9)),
     (lambda a: F.max_pool2d(a, 2, 2, ceil_mode=True), torch.randn(1, 4, 9, 9)),

@@ -214,6 +214,26 @@ bool layer_norm(const Node* n, OpSpec& s) {
   return true;
 }
 
+// RMSNorm over the last dimension (oneDNN's RMSNorm, 3.11+): x / sqrt(mean(x^2) + eps) * weight.
+// eps None is the input type's machine epsilon: mapped for fp32 inputs only (FLT_EPSILON).
+bool rms_norm(const Node* n, OpSpec& s) {
+  auto shape = ints_arg(n, 1);
+  if (!shape || shape->size() != 1) return false;
+  std::optional<double> eps = scalar_arg(n, 3);
+  if (is_none(n, 3)) {
+    auto t = n->input(0)->type()->cast<TensorType>();
+    if (!t || t->scalarType() != c10::kFloat) return false;
+    eps = std::numeric_limits<float>::epsilon();
+  }
+  if (!eps) return false;
+  bool affine = !is_none(n, 2);
+  s.in(n->input(0));
+  if (affine) s.in(n->input(2));
+  s.shape_specific = !affine;  // PyTorch checks the input against normalized_shape; without weights oneDNN would not
+  s.attr(A::begin_norm_axis, int64_t{-1}).attr(A::epsilon, static_cast<float>(*eps));  // gamma given or not: no use_affine
+  return true;
+}
+
 // oneDNN's pooling output size; the mapping holds only where it equals PyTorch's (ceil_mode edge cases differ).
 bool pool_shape_matches(const Node* n, const Ints& k, const Ints& st, const Ints& pad, const Ints& dil, bool ceil) {
   Ints in = sizes(n->input(0)), out = sizes(n->output());
@@ -412,6 +432,8 @@ const std::vector<OpEntry>& op_table() {
        K::BatchNormInference, kWorthAlone | kShapePreserving | kKeepsNaN | kFloatParams, batch_norm},
       {"aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor",
        K::LayerNorm, kWorthAlone | kShapePreserving | kFloatParams, layer_norm},
+      {"aten::rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor",
+       K::RMSNorm, kWorthAlone | kShapePreserving | kFloatParams, rms_norm},
       {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, linear, PlanStep::kLinear},
       {"aten::matmul(Tensor self, Tensor other) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, matmul, PlanStep::kMatmul},
       {"aten::mm(Tensor self, Tensor mat2) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction | kMatrixProduct2d, matmul, PlanStep::kMatmul},
