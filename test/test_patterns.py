@@ -964,3 +964,33 @@ with torch.no_grad():
     executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
     assert any(",pooling," in line or ",reduction," in line for line in executions), executions
     assert not [line for line in executions if ",ref:" in line]
+
+
+class WrittenOutRMSNorm(nn.Module):
+    """RMSNorm as Hugging Face's Llama writes it (fp32 statistics, cast back), or without the casts."""
+
+    def __init__(self, size, casts=True, dim=-1):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size).uniform_(-1, 1))
+        self.casts, self.dim = casts, dim
+
+    def forward(self, x):
+        h = x.to(torch.float32) if self.casts else x
+        h = h * torch.rsqrt(h.pow(2).mean(self.dim, keepdim=True) + 1e-6)
+        return self.weight * (h.to(x.dtype) if self.casts else h)
+
+
+@pytest.mark.parametrize("casts", [True, False], ids=["casts", "no_casts"])
+def test_written_out_rms_norm_is_one_rms_norm(casts):
+    # pow, mean, add, rsqrt, mul, mul (and two casts) -> oneDNN's RMSNorm (compose_rms_norm.cpp).
+    check(WrittenOutRMSNorm(32, casts), torch.randn(2, 7, 32), groups=[["rms_norm"]])
+
+
+def test_a_mean_over_another_dimension_is_no_rms_norm():
+    check(WrittenOutRMSNorm(7, dim=1), torch.randn(2, 7, 7), groups=[])
+
+
+@requires_bf16_kernels
+def test_written_out_rms_norm_in_bf16():
+    model = WrittenOutRMSNorm(32).to(torch.bfloat16)
+    check(model, torch.randn(2, 7, 32).to(torch.bfloat16), groups=[["rms_norm"]], **BF16)

@@ -54,6 +54,7 @@ inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFini
 at::Tensor in_profiled_layout(const at::Tensor& t, const c10::TensorType& profiled);
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
+void ComposeRmsNorm(std::shared_ptr<Graph>& g);    // RMSNorm written out (pow, mean, rsqrt, mul) -> aten::rms_norm
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, addmm, MHA fast path, SDPA -> mapped ops; bf16 LN weights -> fp32
 void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1
 void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use

@@ -18,6 +18,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   // Profile nodes become types on the values; the guards re-check them at run time.
   torch::jit::RemoveProfileNodesAndSpecializeTypes(g);
   RemoveMutation(g);
+  ComposeRmsNorm(g);
   DecomposeOps(g);
   PrepareBinary(g);
   PrepareQuantization(g);

@@ -1,0 +1,118 @@
+// ComposeRmsNorm: RMSNorm written out in aten ops (Hugging Face's LlamaRMSNorm and its kin:
+// x * rsqrt(mean(x^2, -1, keepdim) + eps) * weight, in fp32, cast back) -> aten::rms_norm, which
+// the op table maps to oneDNN's RMSNorm: one op instead of seven, none of which oneDNN fuses alone
+// (mean and rsqrt have no mapping).
+#include <torch/csrc/jit/ir/irparser.h>
+#include <torch/csrc/jit/ir/subgraph_matcher.h>
+#include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/passes/subgraph_rewrite.h>
+
+#include "jit/codegen/onednn/passes/passes.h"
+
+namespace llga {
+
+namespace {
+
+using torch::jit::Match;
+using torch::jit::SubgraphRewriter;
+
+// In fp32 with the casts the model writes (to(float32) first, to(input dtype) before the weight).
+const char* kRmsNormCast = R"IR(
+graph(%x, %f32, %nb, %cp, %mf, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
+  %h = aten::to(%x, %f32, %nb, %cp, %mf)
+  %p = aten::pow(%h, %two)
+  %v = aten::mean(%p, %dims, %keep, %dtype)
+  %a = aten::add(%v, %eps, %alpha)
+  %r = aten::rsqrt(%a)
+  %n = aten::mul(%h, %r)
+  %c = aten::to(%n, %back, %nb2, %cp2, %mf2)
+  %o = aten::mul(%w, %c)
+  return (%o))IR";
+// Without casts.
+const char* kRmsNormPlain = R"IR(
+graph(%x, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
+  %p = aten::pow(%x, %two)
+  %v = aten::mean(%p, %dims, %keep, %dtype)
+  %a = aten::add(%v, %eps, %alpha)
+  %r = aten::rsqrt(%a)
+  %n = aten::mul(%x, %r)
+  %o = aten::mul(%w, %n)
+  return (%o))IR";
+// normalized_shape is [-1] here (the pattern's dims); ComposeRmsNorm writes the last size in.
+const char* kRmsNormCastComposed = R"IR(
+graph(%x, %f32, %nb, %cp, %mf, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
+  %o = aten::rms_norm(%x, %dims, %w, %eps)
+  return (%o))IR";
+const char* kRmsNormPlainComposed = R"IR(
+graph(%x, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
+  %o = aten::rms_norm(%x, %dims, %w, %eps)
+  return (%o))IR";
+
+std::optional<c10::IValue> constant(const Match& m, const std::unordered_map<std::string, Value*>& vmap, const char* name) {
+  auto it = vmap.find(name);
+  return it == vmap.end() ? std::nullopt : torch::jit::toIValue(m.values_map.at(it->second));
+}
+
+bool is_number(const std::optional<c10::IValue>& v, double want) {
+  return v && (v->isInt() || v->isDouble()) && v->toScalar().toDouble() == want;
+}
+
+// The match is RMSNorm over the last dimension of a float/bf16 x, its weight a 1-D constant of x's
+// dtype and last size, and the casts (if any) to fp32 and back to x's dtype.
+bool is_rms_norm(const Match& m, const std::unordered_map<std::string, Value*>& vmap) {
+  auto x = m.values_map.at(vmap.at("x"))->type()->cast<torch::jit::TensorType>();
+  auto w = m.values_map.at(vmap.at("w"));
+  auto wt = w->type()->cast<torch::jit::TensorType>();
+  if (!x || !wt || !x->scalarType() || !wt->scalarType() || *x->scalarType() != *wt->scalarType()) return false;
+  if (*x->scalarType() != c10::kFloat && *x->scalarType() != c10::kBFloat16) return false;
+  auto sizes = x->sizes().concrete_sizes();
+  auto wsizes = wt->sizes().concrete_sizes();
+  if (!sizes || sizes->empty() || !wsizes || wsizes->size() != 1 || wsizes->back() != sizes->back()) return false;
+  auto dims = constant(m, vmap, "dims"), keep = constant(m, vmap, "keep"), dtype = constant(m, vmap, "dtype");
+  auto eps = constant(m, vmap, "eps");
+  if (!is_number(constant(m, vmap, "two"), 2) || !is_number(constant(m, vmap, "alpha"), 1)) return false;
+  if (!dims || !dims->isIntList() || dims->toIntVector() != std::vector<int64_t>{-1}) return false;
+  if (!keep || !keep->isBool() || !keep->toBool() || !dtype || !dtype->isNone() || !eps || !(eps->isDouble() || eps->isInt())) return false;
+  if (vmap.count("f32")) {  // the casts: to fp32, back to x's dtype, plain
+    auto f32 = constant(m, vmap, "f32"), back = constant(m, vmap, "back");
+    if (!f32 || !f32->isInt() || f32->toInt() != static_cast<int64_t>(c10::kFloat)) return false;
+    if (!back || !back->isInt() || back->toInt() != static_cast<int64_t>(*x->scalarType())) return false;
+    for (const char* name : {"nb", "cp", "nb2", "cp2"}) {
+      auto b = constant(m, vmap, name);
+      if (!b || !b->isBool() || b->toBool()) return false;
+    }
+    for (const char* name : {"mf", "mf2"}) {
+      auto f = constant(m, vmap, name);
+      if (!f || !f->isNone()) return false;
+    }
+  }
+  return true;
+}
+
+// The composed node's normalized_shape: [-1] (the pattern's dims) -> [the last size].
+void write_normalized_shapes(torch::jit::Block* b) {
+  for (Node* n : b->nodes()) {
+    for (torch::jit::Block* sub : n->blocks()) write_normalized_shapes(sub);
+    if (n->kind() != c10::Symbol::fromQualString("aten::rms_norm")) continue;
+    auto shape = torch::jit::toIValue(n->input(1));
+    auto x = n->input(0)->type()->cast<torch::jit::TensorType>();
+    auto sizes = x ? x->sizes().concrete_sizes() : std::nullopt;
+    if (!shape || !shape->isIntList() || shape->toIntVector() != std::vector<int64_t>{-1} || !sizes) continue;
+    torch::jit::WithInsertPoint guard(n);
+    n->replaceInput(1, n->owningGraph()->insertConstant(c10::IValue(std::vector<int64_t>{sizes->back()})));
+  }
+}
+
+}  // namespace
+
+void ComposeRmsNorm(std::shared_ptr<Graph>& g) {
+  for (auto [pattern, composed] : {std::pair{kRmsNormCast, kRmsNormCastComposed}, std::pair{kRmsNormPlain, kRmsNormPlainComposed}}) {
+    SubgraphRewriter rewriter;
+    rewriter.RegisterRewritePattern(pattern, composed);
+    rewriter.runOnGraph(g, is_rms_norm);
+  }
+  write_normalized_shapes(g->block());
+  GRAPH_DUMP("After ComposeRmsNorm", g);
+}
+
+}  // namespace llga
