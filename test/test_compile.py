@@ -440,3 +440,8 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(cache):
             tokens = compiled.generate(ids, attention_mask=torch.ones_like(ids), **settings)
         assert torch.equal(tokens, expected), f"batch {batch}, prompt {prompt}"
         assert torch_llga.stats()["executions"] - before >= 12  # every step ran fused partitions
+    # A decoding step's groups: each RMSNorm one oneDNN RMSNorm (2 a layer and the final one), the
+    # SwiGLU MLP one group (gate and up projections, silu, product, down projection).
+    groups = groups_of(torch.jit.last_executed_optimized_graph())
+    assert groups.count(["rms_norm"]) == 2 * LLAMA["num_hidden_layers"] + 1
+    assert groups.count(["linear", "sigmoid", "mul", "linear", "mul", "linear"]) == LLAMA["num_hidden_layers"]

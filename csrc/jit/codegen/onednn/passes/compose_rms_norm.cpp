@@ -28,6 +28,17 @@ graph(%x, %f32, %nb, %cp, %mf, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dty
   %c = aten::to(%n, %back, %nb2, %cp2, %mf2)
   %o = aten::mul(%w, %c)
   return (%o))IR";
+// fp32 x: the tracer records no cast to fp32, only the one back.
+const char* kRmsNormCastBack = R"IR(
+graph(%x, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
+  %p = aten::pow(%x, %two)
+  %v = aten::mean(%p, %dims, %keep, %dtype)
+  %a = aten::add(%v, %eps, %alpha)
+  %r = aten::rsqrt(%a)
+  %n = aten::mul(%x, %r)
+  %c = aten::to(%n, %back, %nb2, %cp2, %mf2)
+  %o = aten::mul(%w, %c)
+  return (%o))IR";
 // Without casts.
 const char* kRmsNormPlain = R"IR(
 graph(%x, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
@@ -41,6 +52,10 @@ graph(%x, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
 // normalized_shape is [-1] here (the pattern's dims); ComposeRmsNorm writes the last size in.
 const char* kRmsNormCastComposed = R"IR(
 graph(%x, %f32, %nb, %cp, %mf, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
+  %o = aten::rms_norm(%x, %dims, %w, %eps)
+  return (%o))IR";
+const char* kRmsNormCastBackComposed = R"IR(
+graph(%x, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
   %o = aten::rms_norm(%x, %dims, %w, %eps)
   return (%o))IR";
 const char* kRmsNormPlainComposed = R"IR(
@@ -73,18 +88,18 @@ bool is_rms_norm(const Match& m, const std::unordered_map<std::string, Value*>& 
   if (!is_number(constant(m, vmap, "two"), 2) || !is_number(constant(m, vmap, "alpha"), 1)) return false;
   if (!dims || !dims->isIntList() || dims->toIntVector() != std::vector<int64_t>{-1}) return false;
   if (!keep || !keep->isBool() || !keep->toBool() || !dtype || !dtype->isNone() || !eps || !(eps->isDouble() || eps->isInt())) return false;
-  if (vmap.count("f32")) {  // the casts: to fp32, back to x's dtype, plain
-    auto f32 = constant(m, vmap, "f32"), back = constant(m, vmap, "back");
-    if (!f32 || !f32->isInt() || f32->toInt() != static_cast<int64_t>(c10::kFloat)) return false;
-    if (!back || !back->isInt() || back->toInt() != static_cast<int64_t>(*x->scalarType())) return false;
-    for (const char* name : {"nb", "cp", "nb2", "cp2"}) {
-      auto b = constant(m, vmap, name);
-      if (!b || !b->isBool() || b->toBool()) return false;
-    }
-    for (const char* name : {"mf", "mf2"}) {
-      auto f = constant(m, vmap, name);
-      if (!f || !f->isNone()) return false;
-    }
+  // The casts, where the pattern has them: to fp32, back to x's dtype, plain (no copy, no layout).
+  auto f32 = constant(m, vmap, "f32"), back = constant(m, vmap, "back");
+  if (vmap.count("f32") && (!f32 || !f32->isInt() || f32->toInt() != static_cast<int64_t>(c10::kFloat))) return false;
+  if (vmap.count("back") && (!back || !back->isInt() || back->toInt() != static_cast<int64_t>(*x->scalarType()))) return false;
+  if (!vmap.count("f32") && *x->scalarType() != c10::kFloat) return false;  // statistics in fp32 as written
+  for (const char* name : {"nb", "cp", "nb2", "cp2"}) {
+    auto b = constant(m, vmap, name);
+    if (vmap.count(name) && (!b || !b->isBool() || b->toBool())) return false;
+  }
+  for (const char* name : {"mf", "mf2"}) {
+    auto f = constant(m, vmap, name);
+    if (vmap.count(name) && (!f || !f->isNone())) return false;
   }
   return true;
 }
@@ -106,7 +121,8 @@ void write_normalized_shapes(torch::jit::Block* b) {
 }  // namespace
 
 void ComposeRmsNorm(std::shared_ptr<Graph>& g) {
-  for (auto [pattern, composed] : {std::pair{kRmsNormCast, kRmsNormCastComposed}, std::pair{kRmsNormPlain, kRmsNormPlainComposed}}) {
+  for (auto [pattern, composed] : {std::pair{kRmsNormCast, kRmsNormCastComposed}, std::pair{kRmsNormCastBack, kRmsNormCastBackComposed},
+                                   std::pair{kRmsNormPlain, kRmsNormPlainComposed}}) {
     SubgraphRewriter rewriter;
     rewriter.RegisterRewritePattern(pattern, composed);
     rewriter.runOnGraph(g, is_rms_norm);
