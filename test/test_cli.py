@@ -165,6 +165,7 @@ def test_the_wheel_holds_every_documented_tool(tmp_path):
     ("torch_llga.layer_times", ["--model", "mobilenet_v2"], "mobilenet_v2 needs torchvision"),
     ("torch_llga.bench", ["--models", "mlp", "--out", "x"], "needs matplotlib, which is not installed: pip install matplotlib"),
     ("torch_llga.check_models", ["--models", "resnet18,gpt2"], "skipping gpt2: transformers is not installed (pip install transformers)"),
+    ("torch_llga.bench_llm", [], "the LLM benchmark needs transformers, which is not installed: pip install transformers"),
 ])
 def test_a_missing_optional_package_is_named(module, args, message):
     out = without_optional(module, *args)
