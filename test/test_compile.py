@@ -445,3 +445,29 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(cache):
     groups = groups_of(torch.jit.last_executed_optimized_graph())
     assert groups.count(["rms_norm"]) == 2 * LLAMA["num_hidden_layers"] + 1
     assert groups.count(["linear", "sigmoid", "mul", "linear", "mul", "linear"]) == LLAMA["num_hidden_layers"]
+
+
+def test_a_baked_size_in_a_graph_writing_its_inputs_is_an_error_not_a_second_write(monkeypatch):
+    # As test_a_size_the_trace_baked_anyway_is_caught_and_traced_per_size, in a graph that writes an
+    # input: tracing again and rerunning would write it twice, so the call fails, saying what to do.
+    follow = torch_llga.dynamo._follow_sizes
+
+    def follow_but_keep_view(graph, roles):
+        result = follow(graph, roles)
+        for node in graph.nodes:
+            if node.op == "call_method" and node.target == "view":
+                node.op, node.target = "call_function", torch.ops.aten.view.default
+                node.args = (node.args[0], list(node.args[1:]))  # x.view(n, -1) -> view.default(x, [n, -1])
+        return result
+
+    class CountedView(nn.Module):
+        def forward(self, x, count):
+            count.add_(1)
+            return x.view(x.shape[0], -1).relu()
+
+    monkeypatch.setattr(torch_llga.dynamo, "_follow_sizes", follow_but_keep_view)
+    compiled, count = torch.compile(CountedView(), backend="torch_llga", dynamic=True), torch.zeros(())
+    with torch.no_grad():
+        compiled(torch.randn(2, 3, 4), count)
+        with pytest.raises(RuntimeError, match="writes its inputs.*dynamic=False"):
+            compiled(torch.randn(5, 3, 4), count)

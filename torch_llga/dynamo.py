@@ -172,6 +172,9 @@ class _FxScripts:
     def __init__(self, gm, roles, output_spec=None):
         self.gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the caller keeps its graph
         self.numbers_out = _numbers_out(self.gm.graph) if output_spec is None else None
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        written = _written_in_place(self.gm.graph)
+        self.writes_inputs = any(n in written for n, r in zip(placeholders, roles) if r[0] == "tensor")
         stray, read = _follow_sizes(self.gm.graph, roles)
         roles = [("scalar",) if i in read else r for i, r in enumerate(roles)]
         self.roles, self.output_spec = roles, output_spec
@@ -254,6 +257,10 @@ class _FxScripts:
                 self.checked.clear()
             self.checked.add(sizes)
             return outputs
+        if self.writes_inputs:  # the call may have written them already: running it again would write twice
+            raise RuntimeError("torch_llga: a graph that writes its inputs in place did not follow its input sizes "
+                               "in the traced script (an op read one in a way the trace does not record); compile "
+                               "it with torch.compile(..., dynamic=False) to trace it per size")
         traced = self._trace(args)
         outputs = traced(*inputs)  # raises for inputs the graph does not take
         with self.lock:
