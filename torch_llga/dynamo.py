@@ -43,9 +43,13 @@ def _warn_once(message):
         warnings.warn(message, stacklevel=3)
 
 
+# A symbolic number's Python type once its value is known.
+_NUMBER_TYPE = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
 def _symbol(value):
     """The sympy expression behind a SymInt, SymFloat or SymBool (None for anything else)."""
-    return value.node.expr if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) else None
+    return value.node.expr if type(value) in _NUMBER_TYPE else None
 
 
 _INT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
@@ -60,7 +64,7 @@ def _example(node):
 def _is_symbolic(value):
     if isinstance(value, (list, tuple)):
         return any(_is_symbolic(v) for v in value)
-    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+    return _symbol(value) is not None
 
 
 _VALUE_READS = {"item", "tolist"}
@@ -151,7 +155,7 @@ def _numbers_out(graph):
             recipe.append(("tensor", len(tensors)))
             tensors.append(leaf)
         elif _symbol(value) is not None:
-            recipe.append(("number", ({torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)], _symbol(value))))
+            recipe.append(("number", (_NUMBER_TYPE[type(value)], _symbol(value))))
         elif value is None or isinstance(value, (int, float, bool)):
             recipe.append(("constant", value))
         else:
@@ -229,9 +233,15 @@ class _FxScripts:
             self.scripts.move_to_end(key)
             return self.scripts[key]
 
+    def _values(self, args):
+        """Each symbol of the graph's inputs (a symbolic size, a symbolic int argument): its value in this call."""
+        values = {symbol: args[i].shape[d] for i, d, symbol in self.symbols}
+        values.update({symbol: args[i] for i, symbol in self.int_symbols})
+        return values
+
     def _sizes_followed(self, args, outputs):
         """Are the outputs the sizes the graph says they are at these input sizes?"""
-        values = {symbol: args[i].shape[d] for i, d, symbol in self.symbols}
+        values = self._values(args)
         for out, expected in zip(pytree.tree_leaves(outputs), self.output_shapes):
             if expected is None or not isinstance(out, torch.Tensor):
                 continue
@@ -272,17 +282,14 @@ class _FxScripts:
             self.scripts[self._key(args)] = traced
         return outputs
 
-    def _bake_sizes(self, graph, placeholders, args):
+    def _bake_sizes(self, graph, args):
         """For a script of these input sizes only: every int the graph computes from sizes becomes
         its value at them (Python code the tracer cannot follow then computes with plain ints)."""
-        values = {symbol: args[i].shape[d] for i, d, symbol in self.symbols}
-        values.update({_symbol(_example(n)): args[i] for i, n in enumerate(placeholders)
-                       if self.roles[i][0] in ("value", "size") and _symbol(_example(n)) is not None})
+        values = self._values(args)
         for node in list(graph.nodes):
             symbol = _symbol(_example(node))
             if node.op != "placeholder" and symbol is not None and symbol.free_symbols <= values.keys():
-                kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(_example(node))]
-                _replace_with_constant(node, kind(symbol.xreplace(values)))
+                _replace_with_constant(node, _NUMBER_TYPE[type(_example(node))](symbol.xreplace(values)))
                 graph.erase_node(node)
 
     def _trace(self, args):
@@ -291,7 +298,7 @@ class _FxScripts:
         graph = gm.graph
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         if not self.generic:
-            self._bake_sizes(graph, placeholders, args)
+            self._bake_sizes(graph, args)
         with graph.inserting_after(placeholders[-1] if placeholders else None):
             for i, (node, role) in enumerate(zip(placeholders, self.roles)):
                 if role[0] in ("state", "scalar"):  # an attribute, so that freezing makes it a constant
@@ -343,8 +350,7 @@ class _FxScripts:
 
     def _with_numbers(self, args, tensors):
         """The graph's outputs: the script's tensors, and the numbers it returned beside them."""
-        values = {symbol: args[i].shape[d] for i, d, symbol in self.symbols}
-        values.update({symbol: args[i] for i, symbol in self.int_symbols})
+        values = self._values(args)
         out = []
         for kind, what in self.numbers_out:
             if kind == "tensor":
@@ -355,7 +361,6 @@ class _FxScripts:
                 number_type, expr = what
                 out.append(number_type(expr.xreplace(values)))
         return tuple(out)
-
 
 
 def _replace_with_constant(node, value):
@@ -504,7 +509,8 @@ class CompiledProgram:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         fakes = [n.meta.get("val") for n in placeholders]
         written = _written_in_place(gm.graph)  # a buffer written in place is passed, not frozen: the write lands in it
-        self.scripts = _FxScripts(gm, _roles(fakes, lambda i: specs[i].kind != InputKind.USER_INPUT and placeholders[i] not in written),
+        is_state = lambda i: specs[i].kind != InputKind.USER_INPUT and placeholders[i] not in written  # noqa: E731
+        self.scripts = _FxScripts(gm, _roles(fakes, is_state),
                                   program.call_spec.out_spec)
         self.in_spec = program.call_spec.in_spec
 
