@@ -9,6 +9,9 @@
 
 #include "jit/codegen/onednn/passes/passes.h"
 
+#include <string>
+#include <utility>
+
 namespace llga {
 
 namespace {
@@ -16,56 +19,26 @@ namespace {
 using torch::jit::Match;
 using torch::jit::SubgraphRewriter;
 
-// In fp32 with the casts the model writes (to(float32) first, to(input dtype) before the weight).
-const char* kRmsNormCast = R"IR(
-graph(%x, %f32, %nb, %cp, %mf, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
-  %h = aten::to(%x, %f32, %nb, %cp, %mf)
-  %p = aten::pow(%h, %two)
-  %v = aten::mean(%p, %dims, %keep, %dtype)
-  %a = aten::add(%v, %eps, %alpha)
-  %r = aten::rsqrt(%a)
-  %n = aten::mul(%h, %r)
-  %c = aten::to(%n, %back, %nb2, %cp2, %mf2)
-  %o = aten::mul(%w, %c)
-  return (%o))IR";
-// fp32 x: the tracer records no cast to fp32, only the one back.
-const char* kRmsNormCastBack = R"IR(
-graph(%x, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
-  %p = aten::pow(%x, %two)
-  %v = aten::mean(%p, %dims, %keep, %dtype)
-  %a = aten::add(%v, %eps, %alpha)
-  %r = aten::rsqrt(%a)
-  %n = aten::mul(%x, %r)
-  %c = aten::to(%n, %back, %nb2, %cp2, %mf2)
-  %o = aten::mul(%w, %c)
-  return (%o))IR";
-// Without casts.
-const char* kRmsNormPlain = R"IR(
-graph(%x, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
-  %p = aten::pow(%x, %two)
-  %v = aten::mean(%p, %dims, %keep, %dtype)
-  %a = aten::add(%v, %eps, %alpha)
-  %r = aten::rsqrt(%a)
-  %n = aten::mul(%x, %r)
-  %o = aten::mul(%w, %n)
-  return (%o))IR";
-// normalized_shape is [-1] here (the pattern's dims); ComposeRmsNorm writes the last size in.
-const char* kRmsNormCastComposed = R"IR(
-graph(%x, %f32, %nb, %cp, %mf, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
-  %o = aten::rms_norm(%x, %dims, %w, %eps)
-  return (%o))IR";
-const char* kRmsNormCastBackComposed = R"IR(
-graph(%x, %back, %nb2, %cp2, %mf2, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
-  %o = aten::rms_norm(%x, %dims, %w, %eps)
-  return (%o))IR";
-const char* kRmsNormPlainComposed = R"IR(
-graph(%x, %two, %dims, %keep, %dtype, %eps, %alpha, %w):
-  %o = aten::rms_norm(%x, %dims, %w, %eps)
-  return (%o))IR";
-
-std::optional<c10::IValue> constant(const Match& m, const std::unordered_map<std::string, Value*>& vmap, const char* name) {
-  auto it = vmap.find(name);
-  return it == vmap.end() ? std::nullopt : torch::jit::toIValue(m.values_map.at(it->second));
+// The IR of RMSNorm written out, and of its composed form (the same inputs): Llama writes a cast to
+// fp32 first (the tracer records none for an fp32 x) and one back to x's dtype before the weight.
+// normalized_shape is [-1] in the composed form (the pattern's dims); ComposeRmsNorm writes the
+// last size in.
+std::pair<std::string, std::string> rms_norm_patterns(bool cast_in, bool cast_back) {
+  std::string inputs = std::string("%x, ") + (cast_in ? "%f32, %nb, %cp, %mf, " : "") +
+                       (cast_back ? "%back, %nb2, %cp2, %mf2, " : "") + "%two, %dims, %keep, %dtype, %eps, %alpha, %w";
+  std::string h = cast_in ? "%h" : "%x";
+  std::string n = cast_back ? "%c" : "%n";
+  std::string written = "graph(" + inputs + "):\n" +
+                        (cast_in ? "  %h = aten::to(%x, %f32, %nb, %cp, %mf)\n" : "") +
+                        "  %p = aten::pow(" + h + ", %two)\n"
+                        "  %v = aten::mean(%p, %dims, %keep, %dtype)\n"
+                        "  %a = aten::add(%v, %eps, %alpha)\n"
+                        "  %r = aten::rsqrt(%a)\n"
+                        "  %n = aten::mul(" + h + ", %r)\n" +
+                        (cast_back ? "  %c = aten::to(%n, %back, %nb2, %cp2, %mf2)\n" : "") +
+                        "  %o = aten::mul(%w, " + n + ")\n  return (%o)";
+  std::string composed = "graph(" + inputs + "):\n  %o = aten::rms_norm(%x, %dims, %w, %eps)\n  return (%o)";
+  return {written, composed};
 }
 
 bool is_number(const std::optional<c10::IValue>& v, double want) {
@@ -83,22 +56,24 @@ bool is_rms_norm(const Match& m, const std::unordered_map<std::string, Value*>& 
   auto sizes = x->sizes().concrete_sizes();
   auto wsizes = wt->sizes().concrete_sizes();
   if (!sizes || sizes->empty() || !wsizes || wsizes->size() != 1 || wsizes->back() != sizes->back()) return false;
-  auto dims = constant(m, vmap, "dims"), keep = constant(m, vmap, "keep"), dtype = constant(m, vmap, "dtype");
-  auto eps = constant(m, vmap, "eps");
-  if (!is_number(constant(m, vmap, "two"), 2) || !is_number(constant(m, vmap, "alpha"), 1)) return false;
+  auto dims = matched_constant(m, vmap, "dims"), keep = matched_constant(m, vmap, "keep");
+  auto dtype = matched_constant(m, vmap, "dtype");
+  auto eps = matched_constant(m, vmap, "eps");
+  if (!is_number(matched_constant(m, vmap, "two"), 2) || !is_number(matched_constant(m, vmap, "alpha"), 1)) return false;
   if (!dims || !dims->isIntList() || dims->toIntVector() != std::vector<int64_t>{-1}) return false;
-  if (!keep || !keep->isBool() || !keep->toBool() || !dtype || !dtype->isNone() || !eps || !(eps->isDouble() || eps->isInt())) return false;
+  if (!keep || !keep->isBool() || !keep->toBool() || !dtype || !dtype->isNone()) return false;
+  if (!eps || !(eps->isDouble() || eps->isInt())) return false;
   // The casts, where the pattern has them: to fp32, back to x's dtype, plain (no copy, no layout).
-  auto f32 = constant(m, vmap, "f32"), back = constant(m, vmap, "back");
+  auto f32 = matched_constant(m, vmap, "f32"), back = matched_constant(m, vmap, "back");
   if (vmap.count("f32") && (!f32 || !f32->isInt() || f32->toInt() != static_cast<int64_t>(c10::kFloat))) return false;
   if (vmap.count("back") && (!back || !back->isInt() || back->toInt() != static_cast<int64_t>(*x->scalarType()))) return false;
   if (!vmap.count("f32") && *x->scalarType() != c10::kFloat) return false;  // statistics in fp32 as written
   for (const char* name : {"nb", "cp", "nb2", "cp2"}) {
-    auto b = constant(m, vmap, name);
+    auto b = matched_constant(m, vmap, name);
     if (vmap.count(name) && (!b || !b->isBool() || b->toBool())) return false;
   }
   for (const char* name : {"mf", "mf2"}) {
-    auto f = constant(m, vmap, name);
+    auto f = matched_constant(m, vmap, name);
     if (vmap.count(name) && (!f || !f->isNone())) return false;
   }
   return true;
@@ -121,10 +96,10 @@ void write_normalized_shapes(torch::jit::Block* b) {
 }  // namespace
 
 void ComposeRmsNorm(std::shared_ptr<Graph>& g) {
-  for (auto [pattern, composed] : {std::pair{kRmsNormCast, kRmsNormCastComposed}, std::pair{kRmsNormCastBack, kRmsNormCastBackComposed},
-                                   std::pair{kRmsNormPlain, kRmsNormPlainComposed}}) {
+  for (auto [cast_in, cast_back] : {std::pair{true, true}, std::pair{false, true}, std::pair{false, false}}) {
+    auto [written, composed] = rms_norm_patterns(cast_in, cast_back);
     SubgraphRewriter rewriter;
-    rewriter.RegisterRewritePattern(pattern, composed);
+    rewriter.RegisterRewritePattern(written, composed);
     rewriter.runOnGraph(g, is_rms_norm);
   }
   write_normalized_shapes(g->block());

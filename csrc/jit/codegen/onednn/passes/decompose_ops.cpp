@@ -19,16 +19,16 @@
 
 namespace llga {
 
+std::optional<c10::IValue> matched_constant(const torch::jit::Match& match,
+                                            const std::unordered_map<std::string, Value*>& vmap, const char* name) {
+  auto it = vmap.find(name);
+  return it == vmap.end() ? std::nullopt : torch::jit::toIValue(match.values_map.at(it->second));
+}
+
 namespace {
 
 using torch::jit::Match;
 using torch::jit::SubgraphRewriter;
-
-// The constant a pattern input matched (vmap names the pattern's values; the match maps them).
-std::optional<c10::IValue> matched_constant(const Match& match, const std::unordered_map<std::string, Value*>& vmap,
-                                            const char* name) {
-  return torch::jit::toIValue(match.values_map.at(vmap.at(name)));
-}
 
 // silu(x) = x * sigmoid(x): oneDNN fuses the pair as a binary post-op.
 const char* kSilu = R"IR(

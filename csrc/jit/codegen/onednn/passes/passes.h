@@ -4,6 +4,13 @@
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+namespace torch::jit {
+struct Match;  // a SubgraphRewriter match (torch/csrc/jit/ir/subgraph_matcher.h)
+}
 
 namespace llga {
 
@@ -52,6 +59,11 @@ inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFini
 // tensor a group handed over in channels-last strides (kChannelsLastOutput) where the profile saw
 // NCHW is made NCHW again: PyTorch's ops pass the layout on, and a later view() expects eager's.
 at::Tensor in_profiled_layout(const at::Tensor& t, const c10::TensorType& profiled);
+
+// The constant a SubgraphRewriter pattern's input `name` matched (vmap names the pattern's values;
+// the match maps them); nullopt if it matched no constant or the pattern has no such input.
+std::optional<c10::IValue> matched_constant(const torch::jit::Match& match,
+                                            const std::unordered_map<std::string, Value*>& vmap, const char* name);
 
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
 void ComposeRmsNorm(std::shared_ptr<Graph>& g);    // RMSNorm written out (pow, mean, rsqrt, mul) -> aten::rms_norm
