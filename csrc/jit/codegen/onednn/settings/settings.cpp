@@ -31,6 +31,9 @@ std::atomic<int64_t> g_cache_capacity{16};
 thread_local bool t_enabled = false;
 std::atomic<bool> g_small_plans{!std::getenv("TORCH_LLGA_SMALL_PLANS") || std::strcmp(std::getenv("TORCH_LLGA_SMALL_PLANS"), "0") != 0};
 
+// Either switch counts only with torch's oneDNN bound and the torch this build is for.
+bool fusing_allowed() { return onednn::load_error().empty() && torch_mismatch().empty(); }
+
 }  // namespace
 
 Stats& stats() {
@@ -38,14 +41,10 @@ Stats& stats() {
   return s;
 }
 
-bool enabled() {
-  return g_enabled.load(std::memory_order_relaxed) && onednn::load_error().empty() && torch_mismatch().empty();
-}
+bool enabled() { return fusing_allowed() && g_enabled.load(std::memory_order_relaxed); }
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 bool set_enabled_in_thread(bool on) { return std::exchange(t_enabled, on); }
-bool fusing() {
-  return (t_enabled || g_enabled.load(std::memory_order_relaxed)) && onednn::load_error().empty() && torch_mismatch().empty();
-}
+bool fusing() { return fusing_allowed() && (t_enabled || g_enabled.load(std::memory_order_relaxed)); }
 bool fuse_all_partitions() { return g_fuse_all_partitions.load(std::memory_order_relaxed); }
 void set_fuse_all_partitions(bool on) { g_fuse_all_partitions.store(on, std::memory_order_relaxed); }
 ShapePolicy shape_policy() { return g_shape_policy.load(std::memory_order_relaxed); }
