@@ -5,6 +5,7 @@
 #     where pip does not already see that wheel)
 # make test-sanitize : the same with torch_llga built with ASan + UBSan (TORCH_LLGA_SANITIZE=1)
 # make bench : set up .venv with requirements-bench.txt too, build torch_llga, run the benchmark
+# make openvino-venv : .venv-openvino, the LLM bench's openvino backend (requirements-bench-llm.txt)
 PYTHON ?= python3
 TORCH  ?=
 ifeq ($(TORCH),)
@@ -27,7 +28,7 @@ TORCHVISION := $(TORCHVISION_$(TORCH))
 # (an empty PIP_CONSTRAINT does not override a configured one; /dev/null does).
 TORCH_PIP := PIP_CONSTRAINT=/dev/null $(PY) -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: all venv build build-sanitize demo test test-sanitize bench clean
+.PHONY: all venv build build-sanitize demo test test-sanitize bench openvino-venv clean
 
 all: build
 
@@ -50,6 +51,18 @@ venv: $(DEPS)
 $(BENCH_DEPS): requirements-bench.txt $(DEPS)
 	$(PY) -m pip install -q -r requirements-bench.txt
 	touch $@
+
+# The LLM bench's openvino backend: optimum-intel pins an older transformers than the tests use, so
+# it lives in a venv of its own, which sees .venv's packages (torch) after its own (a .pth file).
+OV_VENV := .venv-openvino
+$(OV_VENV)/.installed: requirements-bench-llm.txt $(DEPS)
+	$(PYTHON) -m venv $(OV_VENV)
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$($(OV_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz_torch_llga_venv.pth"
+	$(OV_VENV)/bin/python -m pip install -q --no-deps -r requirements-bench-llm.txt
+	touch $@
+
+openvino-venv: $(OV_VENV)/.installed
 
 # Registered with pip as an editable install (package metadata, requiring the torch it is built
 # for, and the torch_dynamo_backends entry point that torch.compile(backend="torch_llga") finds),

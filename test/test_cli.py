@@ -1,6 +1,7 @@
 """python -m torch_llga run / explain on saved models, and its one-line errors; the tools the docs
 name (python -m torch_llga.<tool>) are in the wheel, start without the optional packages, and name
 the one they miss."""
+import importlib.util
 import os
 import pathlib
 import re
@@ -170,3 +171,14 @@ def test_the_wheel_holds_every_documented_tool(tmp_path):
 def test_a_missing_optional_package_is_named(module, args, message):
     out = without_optional(module, *args)
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_the_llm_bench_says_how_to_get_its_openvino_backend():
+    code = ("import runpy, sys; sys.modules['optimum'] = None; sys.argv = ['torch_llga.bench_llm', *sys.argv[1:]]; "
+            "runpy.run_module('torch_llga.bench_llm', run_name='__main__', alter_sys=True)")
+    out = subprocess.run([sys.executable, "-c", code, "--backends", "openvino", "--prompt", "4", "--new-tokens", "2",
+                          "--rounds", "1"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "| smollm2_135m | openvino | failed: RuntimeError: needs optimum-intel: make openvino-venv, then " \
+           "--openvino-python .venv-openvino/bin/python" in out.stdout

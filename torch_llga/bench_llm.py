@@ -3,18 +3,26 @@ static KV cache, batch 1): time to the first token and decode tokens/s per backe
 weight traffic in GB/s, and the machine's memory bandwidth (a large copy, timed in the same run).
 Needs transformers.
 
-    python -m torch_llga.bench_llm [--configs smollm2_135m,llama_1b] [--backends eager,torch_compile,torch_llga]
+    python -m torch_llga.bench_llm [--configs smollm2_135m,llama_1b] [--backends eager,torch_compile,openvino,torch_llga]
                                    [--prompt 128] [--new-tokens 128] [--dtype fp32|bf16] [--rounds 3]
+                                   [--openvino-python PATH]
 
 eager: the model as it is; torch_compile: Inductor, model.forward compiled (torch.compile defaults)
-with the static cache; torch_llga: model.forward compiled with backend="torch_llga". Every backend's
-tokens are compared with eager's (greedy: identical in fp32). A round is one generate() call; the
-first token's time is when the streamer receives it. Backends are prepared with two untimed calls
-(compilation, then the sizes a call reaches).
+with the static cache; openvino: the same weights saved and exported with optimum-intel's
+OVModelForCausalLM (bench_llm_openvino.py; optimum-intel pins an older transformers, so it may live
+in a venv of its own: --openvino-python names its python, `make openvino-venv` makes one);
+torch_llga: model.forward compiled with backend="torch_llga". Every backend's tokens are compared
+with eager's (greedy: identical in fp32). A round is one generate() call; the first token's time is
+when the streamer receives it. Backends are prepared with two untimed calls (compilation, then the
+sizes a call reaches).
 """
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -28,7 +36,7 @@ CONFIGS = {  # the shapes of SmolLM2-135M and Llama-3.2-1B
     "llama_1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
 }
-BACKENDS = ["eager", "torch_compile", "torch_llga"]
+BACKENDS = ["eager", "torch_compile", "openvino", "torch_llga"]
 
 
 class FirstToken:
@@ -72,6 +80,29 @@ def build(config, dtype, backend):
     return model
 
 
+def openvino_runs(config, dtype, ids, args):
+    """The openvino backend's (preparation s, [(tokens, first ms, tokens/s)] per round): the model with
+    bench_llm's weights saved, then exported and run by bench_llm_openvino.py, in this Python if it
+    has optimum-intel, else in --openvino-python."""
+    python = args.openvino_python or (sys.executable if _optional.installed("optimum") else None)
+    if python is None:
+        raise RuntimeError("needs optimum-intel: make openvino-venv, then --openvino-python .venv-openvino/bin/python")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_llm_openvino.py")
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as directory:
+        build(config, dtype, "eager").save_pretrained(directory)
+        command = [python, script, directory, json.dumps(ids[0].tolist()), str(args.new_tokens), str(args.rounds),
+                   str(args.threads), args.dtype]
+        done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    tokens = torch.tensor(result["tokens"])
+    return result["prepared"], [(tokens, f, p) for f, p in zip(result["first_ms"], result["per_second"])]
+
+
 def generate(model, ids, new_tokens):
     streamer = FirstToken()
     with torch.no_grad():
@@ -93,6 +124,7 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--openvino-python", help="the python that runs the openvino backend (one with optimum-intel)")
     args = parser.parse_args(argv)
     configs, backends = args.configs.split(","), args.backends.split(",")
     for c in configs:
@@ -118,14 +150,18 @@ def main(argv=None):
         ids = torch.randint(0, CONFIGS[config]["vocab_size"], (1, args.prompt), generator=torch.Generator().manual_seed(0))
         expected = None
         for backend in backends:
-            model = build(config, dtype, backend)
+            model = build(config, dtype, "eager" if backend == "openvino" else backend)
             weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
             t = time.perf_counter()
             try:
-                for _ in range(2):
-                    generate(model, ids, args.new_tokens)
-                prepared = time.perf_counter() - t
-                runs = [generate(model, ids, args.new_tokens) for _ in range(args.rounds)]
+                if backend == "openvino":
+                    del model
+                    prepared, runs = openvino_runs(config, dtype, ids, args)
+                else:
+                    for _ in range(2):
+                        generate(model, ids, args.new_tokens)
+                    prepared = time.perf_counter() - t
+                    runs = [generate(model, ids, args.new_tokens) for _ in range(args.rounds)]
             except Exception as e:  # reported, not dropped
                 print(f"| {config} | {backend} | failed: {type(e).__name__}: {str(e).splitlines()[0][:100]} |||||")
                 continue
@@ -138,7 +174,7 @@ def main(argv=None):
             same = "-" if expected is None else "yes" if torch.equal(tokens, expected) else "no"
             print(f"| {config} | {backend} | {first_ms:.0f} | {per_second:.1f} | {traffic:.1f} | {traffic / bandwidth:.0%} | "
                   f"{same} | {prepared:.1f} |", flush=True)
-            del model
+            model = None
             torch._dynamo.reset()
 
 
