@@ -995,3 +995,30 @@ def test_a_mean_over_another_dimension_is_no_rms_norm():
 def test_written_out_rms_norm_in_bf16():
     model = WrittenOutRMSNorm(32).to(torch.bfloat16)
     check(model, torch.randn(2, 7, 32).to(torch.bfloat16), groups=[["rms_norm"]], **BF16)
+
+
+class Projections(nn.Module):
+    """An attention block's q, k and v projections of one input (k and v narrower: grouped-query
+    attention), with or without biases, q split into heads."""
+
+    def __init__(self, bias=False):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(64, 64, bias=bias), nn.Linear(64, 32, bias=bias), nn.Linear(64, 32, bias=bias)
+
+    def forward(self, x):
+        q = self.q(x).view(x.shape[0], x.shape[1], 4, 16).transpose(1, 2)
+        return q, self.k(x), self.v(x).relu()
+
+
+def test_projections_of_one_input_are_one_matmul():
+    # Bias-free linears reading one x -> one linear over their stacked weights, sliced
+    # (merge_parallel_linears.cpp); v's relu stays a post-op of nothing: it reads a slice.
+    model = Projections().eval()
+    fused = check(model, torch.randn(2, 5, 64), groups=[["linear"]])
+    x = torch.randn(3, 7, 64)  # other sizes: the same slices
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), **FP32)
+
+
+def test_projections_with_a_bias_stay_apart():
+    check(Projections(bias=True), torch.randn(2, 5, 64), groups=[["linear"], ["linear"], ["linear", "relu"]])
