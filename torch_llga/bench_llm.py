@@ -29,6 +29,7 @@ import warnings
 import torch
 
 from torch_llga import _optional
+from torch_llga.bench_llm_openvino import FirstToken  # the openvino backend's script times the same way
 
 CONFIGS = {  # the shapes of SmolLM2-135M and Llama-3.2-1B
     "smollm2_135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -37,21 +38,6 @@ CONFIGS = {  # the shapes of SmolLM2-135M and Llama-3.2-1B
                      num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
 }
 BACKENDS = ["eager", "torch_compile", "openvino", "torch_llga"]
-
-
-class FirstToken:
-    """A generate() streamer noting when the first new token arrives (its first put() is the prompt)."""
-
-    def __init__(self):
-        self.puts, self.first = 0, None
-
-    def put(self, _):
-        self.puts += 1
-        if self.puts == 2:
-            self.first = time.perf_counter()
-
-    def end(self):
-        pass
 
 
 def memory_bandwidth_gbs(mb=512, repeat=5):
