@@ -72,11 +72,11 @@ void merge(const std::shared_ptr<Graph>& g, const std::vector<Node*>& linears) {
 void merge_block(const std::shared_ptr<Graph>& g, torch::jit::Block* b, const torch::jit::AliasDb& db) {
   for (Node* n : b->nodes())
     for (auto* sub : n->blocks()) merge_block(g, sub, db);
-  // The linears of each input, in program order; an input's linears must all read one dtype.
+  // The linears of each input that nothing writes in place, in program order.
   std::map<Value*, std::vector<Node*>> by_input;
   std::vector<Value*> order;
   for (Node* n : b->nodes()) {
-    if (!linear_weight(n) || db.hasWriters(n->input(0))) continue;  // x the same for all of them
+    if (!linear_weight(n) || db.hasWriters(n->input(0))) continue;
     auto& group = by_input[n->input(0)];
     if (group.empty()) order.push_back(n->input(0));
     group.push_back(n);
