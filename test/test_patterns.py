@@ -1012,12 +1012,16 @@ class Projections(nn.Module):
 
 def test_projections_of_one_input_are_one_matmul():
     # Bias-free linears reading one x -> one linear over their stacked weights, sliced
-    # (merge_parallel_linears.cpp); v's relu stays a post-op of nothing: it reads a slice.
+    # (merge_parallel_linears.cpp); v's relu stays in PyTorch: it reads a slice, no matmul's output.
     model = Projections().eval()
     fused = check(model, torch.randn(2, 5, 64), groups=[["linear"]])
-    x = torch.randn(3, 7, 64)  # other sizes: the same slices
+    x = torch.randn(3, 7, 64)  # other sizes: the same slices, the group compiled for them
+    before = torch_llga.stats()
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x), **FP32)
+    after = torch_llga.stats()
+    assert after["executions"] - before["executions"] == 1
+    assert after["guard_failures"] == before["guard_failures"] and after["kernel_fallbacks"] == before["kernel_fallbacks"]
 
 
 def test_projections_with_a_bias_stay_apart():

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "jit/codegen/onednn/passes/passes.h"
@@ -37,11 +38,14 @@ std::optional<at::Tensor> linear_weight(const Node* n) {
   return weight;
 }
 
-void merge(const std::shared_ptr<Graph>& g, const std::vector<Node*>& linears) {
+// The linears (with their weights) of one x, in program order.
+using Linears = std::vector<std::pair<Node*, at::Tensor>>;
+
+void merge(const std::shared_ptr<Graph>& g, const Linears& linears) {
   std::vector<at::Tensor> weights;
-  for (Node* n : linears) weights.push_back(*linear_weight(n));
+  for (const auto& [n, weight] : linears) weights.push_back(weight);
   at::Tensor stacked = at::cat(weights, 0).contiguous();
-  Node* first = linears.front();
+  Node* first = linears.front().first;
   auto out = first->output()->type()->expect<TensorType>();
   std::vector<int64_t> sizes = *out->sizes().concrete_sizes();
   sizes.back() = stacked.size(0);
@@ -55,9 +59,8 @@ void merge(const std::shared_ptr<Graph>& g, const std::vector<Node*>& linears) {
   merged->insertBefore(first);
   merged->output()->setType(out->withSizesStrides(sizes, strides));
   int64_t start = 0;
-  for (size_t i = 0; i < linears.size(); ++i) {
-    Node* n = linears[i];
-    int64_t columns = weights[i].size(0);
+  for (const auto& [n, weight] : linears) {
+    int64_t columns = weight.size(0);
     Node* part = g->create(c10::aten::slice, {merged->output(), g->insertConstant(-1), g->insertConstant(start),
                                                g->insertConstant(start + columns), g->insertConstant(1)});
     part->insertBefore(first);
@@ -66,20 +69,21 @@ void merge(const std::shared_ptr<Graph>& g, const std::vector<Node*>& linears) {
     n->output()->replaceAllUsesWith(part->output());
     start += columns;
   }
-  for (Node* n : linears) n->destroy();
+  for (const auto& [n, weight] : linears) n->destroy();
 }
 
 void merge_block(const std::shared_ptr<Graph>& g, torch::jit::Block* b, const torch::jit::AliasDb& db) {
   for (Node* n : b->nodes())
     for (auto* sub : n->blocks()) merge_block(g, sub, db);
   // The linears of each input that nothing writes in place, in program order.
-  std::map<Value*, std::vector<Node*>> by_input;
+  std::map<Value*, Linears> by_input;
   std::vector<Value*> order;
   for (Node* n : b->nodes()) {
-    if (!linear_weight(n) || db.hasWriters(n->input(0))) continue;
+    auto weight = linear_weight(n);
+    if (!weight || db.hasWriters(n->input(0))) continue;
     auto& group = by_input[n->input(0)];
     if (group.empty()) order.push_back(n->input(0));
-    group.push_back(n);
+    group.emplace_back(n, *weight);
   }
   for (Value* x : order) {
     const auto& linears = by_input[x];
