@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import check, SOME, requires_bf16_kernels
+import torch_llga
+
+from conftest import check, FP32, SOME, requires_bf16_kernels
 
 pytestmark = pytest.mark.usefixtures("all_partitions")
 
@@ -250,13 +252,39 @@ def test_max_pool2d(fn, inp):
     check(fn, inp, groups=[["max_pool2d"]])
 
 
-@pytest.mark.parametrize("fn", [
-    lambda a: F.max_pool3d(a, 3, 2, 1),
-    lambda a: F.max_pool3d(a, 2, 2, ceil_mode=True),
+conv1d = torch.nn.Conv1d(4, 8, 3, padding=1).requires_grad_(False)
+conv3d = torch.nn.Conv3d(4, 8, 3, padding=1).requires_grad_(False)
+
+
+# 1-D and 3-D pooling map where a oneDNN op produces their input (quirk pooling_reads_channels_last).
+@pytest.mark.parametrize("op,fn", [
+    ("max_pool3d", lambda a: F.max_pool3d(conv3d(a), 3, 2, 1)),
+    ("max_pool3d", lambda a: F.max_pool3d(conv3d(a), 2, 2, ceil_mode=True)),
+    ("avg_pool3d", lambda a: F.avg_pool3d(conv3d(a), 2)),
+    ("avg_pool3d", lambda a: F.avg_pool3d(conv3d(a), 3, 2, 1, count_include_pad=False)),
 ])
-def test_max_pool3d(fn):
-    # Added as one table entry (the pooling family's flag brings its quirks along).
-    check(fn, torch.randn(1, 4, 7, 9, 9), groups=[["max_pool3d"]])
+def test_pool3d(op, fn):
+    check(fn, torch.randn(1, 4, 7, 9, 9), groups=[["_convolution"], [op]])
+
+
+@pytest.mark.parametrize("op,fn", [
+    ("max_pool1d", lambda a: F.max_pool1d(conv1d(a), 3, 2, 1)),
+    ("max_pool1d", lambda a: F.max_pool1d(conv1d(a), 2)),
+    ("avg_pool1d", lambda a: F.avg_pool1d(conv1d(a), 3, 2, 1)),
+    ("avg_pool1d", lambda a: F.avg_pool1d(conv1d(a), 4, count_include_pad=False)),
+])
+def test_pool1d(op, fn):
+    check(fn, torch.randn(2, 4, 20), groups=[["_convolution"], [op]])
+
+
+@pytest.mark.parametrize("fn,inp", [
+    (lambda a: F.max_pool1d(a, 3, 2, 1), torch.randn(2, 4, 20)),
+    (lambda a: F.avg_pool3d(a, 2), torch.randn(1, 4, 6, 6, 6)),
+])
+def test_pooling_1d_3d_of_a_plain_input_stays_in_pytorch(fn, inp):
+    # oneDNN pools a plain ncw/ncdhw input with a slow kernel, and copying it channels-last first
+    # costs more than PyTorch's pooling (quirk pooling_reads_channels_last).
+    assert check(fn, inp, groups=[]).unfused != []
 
 
 @pytest.mark.parametrize("fn", [
@@ -276,6 +304,143 @@ def test_avg_pool2d_ceil_mode_stays_in_pytorch():
 
 def test_global_avg_pool():
     check(lambda a: F.adaptive_avg_pool2d(a, 1), torch.randn(2, 4, 7, 7), groups=[["adaptive_avg_pool2d"]])
+
+
+@pytest.mark.parametrize("model,inp", [
+    (torch.nn.ConvTranspose2d(4, 8, 3), torch.randn(1, 4, 9, 9)),
+    (torch.nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1), torch.randn(2, 4, 9, 9)),
+    (torch.nn.ConvTranspose2d(4, 8, 3, stride=2, groups=2), torch.randn(1, 4, 9, 9)),
+    (torch.nn.ConvTranspose2d(4, 8, 3, dilation=2, bias=False), torch.randn(1, 4, 9, 9)),
+    (torch.nn.ConvTranspose1d(4, 8, 4, stride=2, padding=1), torch.randn(1, 4, 20)),
+    (torch.nn.ConvTranspose3d(4, 8, 2, stride=2), torch.randn(1, 4, 5, 6, 6)),
+])
+def test_conv_transpose(model, inp):
+    # Traced, a transposed convolution is aten::_convolution with transposed=True.
+    check(model, inp, groups=[["_convolution"]])
+
+
+@torch.jit.script
+def conv_transpose1d(a, w, b):
+    return F.relu(F.conv_transpose1d(a, w, b, stride=2) + 1.0)
+
+
+@torch.jit.script
+def conv_transpose2d(a, w, b):
+    return F.relu(F.conv_transpose2d(a, w, b, stride=2) + 1.0)
+
+
+@torch.jit.script
+def conv_transpose3d(a, w, b):
+    return F.relu(F.conv_transpose3d(a, w, b, stride=2) + 1.0)
+
+
+@pytest.mark.parametrize("fn,spatial", [(conv_transpose1d, (8,)), (conv_transpose2d, (8, 8)), (conv_transpose3d, (4, 6, 6))])
+def test_conv_transpose_scripted_with_post_ops(fn, spatial):
+    # Scripting keeps aten::conv_transpose{1,2,3}d; the bias add and relu join it as post-ops.
+    k = (2,) * len(spatial)
+    fused = check(fn, torch.randn(1, 4, *spatial), torch.randn(4, 8, *k), torch.randn(8), groups=SOME)
+    assert [g[1:] for g in fused.groups] == [["add", "relu"]] and fused.groups[0][0].startswith("conv_transpose")
+
+
+def test_group_norm_stays_in_pytorch():
+    # oneDNN's group norm is slower than PyTorch's (quirk group_norm_slow_kernel; the mapping itself:
+    # test_patterns.py::test_group_norm_mapping).
+    fused = check(torch.nn.GroupNorm(4, 8), torch.randn(2, 8, 6, 6), groups=[])
+    assert fused.unfused == ["group_norm"]
+
+
+@pytest.mark.parametrize("op,fn,inp", [
+    ("upsample_nearest2d", lambda a: F.interpolate(a, scale_factor=2), torch.randn(1, 4, 5, 7)),
+    ("upsample_nearest2d", lambda a: F.interpolate(a, size=(10, 21)), torch.randn(1, 4, 5, 7)),
+    ("upsample_nearest1d", lambda a: F.interpolate(a, scale_factor=3), torch.randn(1, 4, 7)),
+    ("upsample_nearest3d", lambda a: F.interpolate(a, scale_factor=2), torch.randn(1, 4, 3, 5, 7)),
+    ("upsample_bilinear2d", lambda a: F.interpolate(a, scale_factor=2, mode="bilinear"), torch.randn(1, 4, 5, 7)),
+    ("upsample_bilinear2d", lambda a: F.interpolate(a, size=(8, 9), mode="bilinear"), torch.randn(2, 4, 5, 7)),
+    ("upsample_bilinear2d", lambda a: F.interpolate(a, size=(3, 4), mode="bilinear"), torch.randn(1, 4, 5, 7)),
+    ("upsample_linear1d", lambda a: F.interpolate(a, scale_factor=2, mode="linear"), torch.randn(1, 4, 7)),
+    ("upsample_trilinear3d", lambda a: F.interpolate(a, scale_factor=2, mode="trilinear"), torch.randn(1, 4, 3, 5, 7)),
+])
+def test_interpolate(op, fn, inp):
+    check(fn, inp, groups=[[op]])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: F.interpolate(a, size=(7, 10)),  # nearest, not a whole multiple: PyTorch's index differs
+    lambda a: F.interpolate(a, scale_factor=0.5),  # nearest downsampling
+    lambda a: F.interpolate(a, scale_factor=2, mode="bilinear", align_corners=True),  # no oneDNN kernel
+    lambda a: F.interpolate(a, scale_factor=1.5, mode="bilinear"),  # PyTorch scales by 1 / 1.5, not 5 / 7
+])
+def test_interpolate_outside_the_mapping_stays_in_pytorch(fn):
+    fused = check(fn, torch.randn(1, 4, 5, 7), groups=[])
+    assert len(fused.unfused) == 1 and fused.unfused[0].startswith("upsample")
+
+
+def test_interpolate_by_whole_factors_fuses_at_new_sizes():
+    fused = check(lambda a: F.interpolate(a, scale_factor=2, mode="bilinear"), torch.randn(1, 4, 5, 7),
+                  groups=[["upsample_bilinear2d"]])
+    other = torch.randn(2, 4, 6, 3)
+    before = torch_llga.stats()
+    torch.testing.assert_close(fused(other), F.interpolate(other, scale_factor=2, mode="bilinear"), **FP32)
+    assert torch_llga.stats()["guard_failures"] == before["guard_failures"]
+
+
+@pytest.mark.parametrize("op,fn,inp", [
+    ("mean", lambda a: a.mean((2, 3), keepdim=True), torch.randn(2, 8, 6, 6)),
+    ("mean", lambda a: a.mean(-1), torch.randn(2, 8, 6, 6)),
+    ("sum", lambda a: a.sum(-1, keepdim=True), torch.randn(2, 8, 16)),
+    ("sum", lambda a: a.sum((1, 2)), torch.randn(2, 8, 16)),
+    ("amax", lambda a: a.amax(-1), torch.randn(2, 8, 16)),
+    ("amin", lambda a: a.amin((2, 3), keepdim=True), torch.randn(2, 8, 6, 6)),
+])
+def test_reduction(op, fn, inp):
+    check(fn, inp, groups=[[op]])
+
+
+@pytest.mark.parametrize("fn", [lambda a: a.mean(1), lambda a: a.amax(0), lambda a: a.sum((0, 2))])
+def test_reduction_of_outer_dims_stays_in_pytorch(fn):
+    # oneDNN reduces other than the innermost dims with its reference kernel (quirk reduction_reads_plain).
+    fused = check(fn, torch.randn(4, 16, 32), groups=[])
+    assert len(fused.unfused) == 1
+
+
+def test_prelu():
+    one, per_channel = torch.nn.PReLU(), torch.nn.PReLU(8)
+    per_channel.weight.data.uniform_(0, 0.5)
+    check(one, torch.randn(2, 8, 6, 6), groups=[["prelu"]])
+    check(per_channel, torch.randn(2, 8, 6, 6), groups=[["prelu"]])
+    check(per_channel, torch.randn(4, 8), groups=[["prelu"]])
+
+
+@pytest.mark.parametrize("op,fn", [("maximum", torch.maximum), ("minimum", torch.minimum)])
+def test_maximum_minimum(op, fn):
+    check(fn, x, y, groups=[[op]])
+    check(fn, x, y[:1], groups=[[op]])  # broadcast
+
+
+@pytest.mark.parametrize("beta", [1.0, 2.0])
+def test_softplus(beta):
+    # oneDNN computes log(1 + exp(beta x)) / beta everywhere; PyTorch returns x past its threshold
+    # (20): they differ by under exp(-20) there. Within 2 ulp elsewhere (atol for the large values).
+    check(lambda a: F.softplus(a, beta=beta), x * 10, groups=[["softplus"]], rtol=1e-5, atol=4e-6)
+
+
+def test_softplus_with_a_low_threshold_stays_in_pytorch():
+    assert check(lambda a: F.softplus(a, threshold=2), x, groups=[]).unfused == ["softplus"]
+
+
+def test_reciprocal_fuses_into_a_division():
+    # oneDNN forms no partition of a lone Reciprocal: only x * (1 / y).
+    check(lambda a, b: a * torch.reciprocal(b), x, pos, groups=[["reciprocal", "mul"]])
+    assert check(torch.reciprocal, pos, groups=[]).unfused == ["reciprocal"]
+
+
+def test_batch_norm_1d_and_3d():
+    for bn, inp in [(torch.nn.BatchNorm1d(8), torch.randn(4, 8)), (torch.nn.BatchNorm1d(8), torch.randn(4, 8, 10)),
+                    (torch.nn.BatchNorm3d(8), torch.randn(2, 8, 3, 4, 4))]:
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.data.uniform_(-1, 1)
+        check(bn, inp, groups=[["batch_norm"]])
 
 
 def test_cat():

@@ -186,9 +186,11 @@ def test_binary_post_ops_onednn_gets_wrong(op, fn, out_shape):
 
 def test_pooling_quirk_follows_the_family():
     # max_pool3d came as one table entry flagged kPooling: the pooling post-op rule holds for it too.
+    # (After a conv: a 3-D pooling of a plain input stays in PyTorch, quirk pooling_reads_channels_last.)
+    conv = nn.Conv3d(5, 5, 1).requires_grad_(False)
     x = torch.randn(3, 5, 4, 8, 8)
-    check(lambda a, b: F.max_pool3d(a, 2) + b, x, torch.randn(3, 5, 2, 4, 4), groups=[["max_pool3d"]])
-    check(lambda a: F.max_pool3d(a, 2) * 0.5, x, groups=[["max_pool3d", "mul"]])
+    check(lambda a, b: F.max_pool3d(conv(a), 2) + b, x, torch.randn(3, 5, 2, 4, 4), groups=[["_convolution"], ["max_pool3d"]])
+    check(lambda a: F.max_pool3d(conv(a), 2) * 0.5, x, groups=[["_convolution"], ["max_pool3d", "mul"]])
 
 
 @pytest.mark.parametrize("operand", [(3, 5, 8, 8), (1, 5, 1, 1), (5, 1, 1), (8,), (1, 1, 8, 1)])
@@ -964,6 +966,69 @@ with torch.no_grad():
     executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
     assert any(",pooling," in line or ",reduction," in line for line in executions), executions
     assert not [line for line in executions if ",ref:" in line]
+
+
+def test_reduction_of_a_conv_output_runs_no_reference_kernel():
+    # A convolution's output is channels-last or blocked in oneDNN; a reduction of it ran the
+    # reference kernel (70x PyTorch's time): the group feeding a reduction writes it contiguous.
+    code = """
+import torch, torch.nn as nn, torch_llga
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 32, 3, padding=1)
+    def forward(self, x):
+        y = self.conv(x).relu()
+        return y.mean((2, 3), keepdim=True), y.amax(-1)
+m = M().eval()
+x = torch.randn(2, 3, 28, 28)
+torch_llga._C._set_fuse_all_partitions(True)
+torch_llga.enable()
+with torch.no_grad():
+    f = torch.jit.freeze(torch.jit.trace(m, x))
+    for _ in range(3):
+        y = f(x)
+    for a, b in zip(y, m(x)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+print(torch_llga.stats()["executions"])
+"""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "TORCH_LLGA_SMALL_PLANS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    executions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
+    assert sum(",reduction," in line for line in executions) >= 2, executions
+    assert not [line for line in executions if ",ref:" in line]
+
+
+def test_group_norm_mapping():
+    # The group norm entry with its quirk (group_norm_slow_kernel) off: conv + group norm + SiLU,
+    # the block of diffusion UNets, fused and equal to eager; 3-D and 5-D inputs, no affine.
+    code = """
+import torch, torch.nn as nn, torch.nn.functional as F, torch_llga
+from torch_llga.report import fusion_groups
+torch.manual_seed(0)
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+        self.norm = nn.GroupNorm(4, 16)
+        nn.init.uniform_(self.norm.weight, -1, 1)
+        nn.init.uniform_(self.norm.bias, -1, 1)
+    def forward(self, x, s, v):
+        return F.silu(self.norm(self.conv(x))), F.group_norm(s, 2, eps=1e-3), F.group_norm(v, 8)
+m = M().eval()
+inputs = (torch.randn(2, 8, 12, 12), torch.randn(2, 8, 30), torch.randn(1, 16, 3, 4, 5))
+torch_llga.enable()
+with torch.no_grad():
+    f = torch.jit.freeze(torch.jit.trace(m, inputs))
+    for _ in range(3):
+        y = f(*inputs)
+    for a, b in zip(y, m(*inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+print(sorted(fusion_groups(torch.jit.last_executed_optimized_graph())))
+"""
+    env = {**os.environ, "TORCH_LLGA_QUIRKS_OFF": "group_norm_slow_kernel", "TORCH_LLGA_SMALL_PLANS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == str(sorted([["_convolution"], ["group_norm", "sigmoid", "mul"], ["group_norm"], ["group_norm"]]))
 
 
 class WrittenOutRMSNorm(nn.Module):

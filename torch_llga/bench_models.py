@@ -95,6 +95,89 @@ def torchvision_model(name, size):
     return make
 
 
+class FirstOf(nn.Module):
+    """A model's first output (or its "out" entry): one tensor, whatever the model returns."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__()
+        self.model = model
+        self.kwargs = kwargs
+
+    def forward(self, *args):
+        out = self.model(*args, **self.kwargs)
+        return out["out"] if isinstance(out, dict) else out[0] if isinstance(out, (tuple, list)) else out
+
+
+def segmentation(name, size):
+    def make(batch):
+        import torchvision
+
+        return FirstOf(getattr(torchvision.models.segmentation, name)(weights=None, weights_backbone=None)), \
+            (torch.rand(batch, 3, size, size),)
+
+    return make
+
+
+class DetectionFeatures(nn.Module):
+    """A detector without its post-processing: backbone + FPN and the RPN head (Faster R-CNN) or the
+    class and box heads (RetinaNet), their outputs flattened into one tensor."""
+
+    def __init__(self, detector):
+        super().__init__()
+        self.backbone = detector.backbone
+        self.rpn_head = getattr(detector, "rpn", None) and detector.rpn.head
+        self.head = getattr(detector, "head", None)
+
+    def forward(self, x):
+        features = list(self.backbone(x).values())
+        if self.rpn_head is not None:
+            logits, boxes = self.rpn_head(features)
+            outs = logits + boxes
+        else:
+            outs = [self.head.classification_head(features), self.head.regression_head(features)]
+        return torch.cat([o.flatten(1) for o in outs], 1)
+
+
+def detection(name, size):
+    def make(batch):
+        import torchvision
+
+        detector = getattr(torchvision.models.detection, name)(weights=None, weights_backbone=None)
+        return DetectionFeatures(detector), (torch.rand(batch, 3, size, size),)
+
+    return make
+
+
+def unet_small(batch):
+    """A text-conditioned diffusion UNet (diffusers' UNet2DConditionModel, Stable Diffusion's
+    blocks at a small width): conv, group norm + SiLU, cross-attention, upsampling."""
+    from diffusers import UNet2DConditionModel
+
+    unet = UNet2DConditionModel(sample_size=32, in_channels=4, out_channels=4, layers_per_block=1,
+                                block_out_channels=(64, 128, 128), norm_num_groups=32, cross_attention_dim=128,
+                                attention_head_dim=8, down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"))
+    return FirstOf(unet, return_dict=False), (torch.randn(batch, 4, 32, 32), torch.tensor([10.0]), torch.randn(batch, 16, 128))
+
+
+def whisper_encoder(batch):
+    """Whisper's audio encoder (tiny's shape): two 1-D convs with GELU over 80 mel bins, then a
+    transformer encoder over 1,500 frames."""
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    config = WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536, num_mel_bins=80)
+    return FirstOf(WhisperEncoder(config), return_dict=False), (torch.randn(batch, 80, 3000),)
+
+
+def t5_encoder(batch, seq=128):
+    """T5's encoder (t5-small's shape): RMS norm written out as pow/mean/rsqrt/mul, relative position bias."""
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(d_model=512, num_layers=6, num_heads=8, d_ff=2048, d_kv=64)
+    return FirstOf(T5EncoderModel(config), return_dict=False), (torch.randint(0, config.vocab_size, (batch, seq)),)
+
+
 # name -> (batch -> (model, inputs)); the default batch is 1 unless the name says otherwise.
 MODELS = {
     "resnet50": torchvision_model("resnet50", 224),
@@ -110,9 +193,23 @@ MODELS = {
     "mlp": lambda b: (MLP(), (torch.randn(b, 256),)),
 }
 
+# Beyond classifiers: segmentation, detection, diffusion, speech.
+BEYOND = {
+    "deeplabv3_mobilenet_v3": segmentation("deeplabv3_mobilenet_v3_large", 256),
+    "fcn_resnet50": segmentation("fcn_resnet50", 256),
+    "fasterrcnn_mobilenet_fpn": detection("fasterrcnn_mobilenet_v3_large_fpn", 320),
+    "retinanet_resnet50_fpn": detection("retinanet_resnet50_fpn", 320),
+    "unet_small": unet_small,
+    "whisper_encoder": whisper_encoder,
+    "t5_encoder": t5_encoder,
+}
+MODELS.update(BEYOND)
+
 # The machine's conv throughput reference: one large 3x3 conv (3.7 GFLOP).
 MODELS["conv3x3_512"] = lambda b: (nn.Conv2d(512, 512, 3, padding=1), (torch.rand(b, 512, 28, 28),))
 
 # The package a model's definition comes from, beyond torch.
 PACKAGE = {**dict.fromkeys(["resnet50", "resnet18_64", "mobilenet_v2", "mobilenet_v3_large", "vit_b_16"], "torchvision"),
-           "bert_base": "transformers"}
+           "bert_base": "transformers",
+           **dict.fromkeys(["deeplabv3_mobilenet_v3", "fcn_resnet50", "fasterrcnn_mobilenet_fpn", "retinanet_resnet50_fpn"], "torchvision"),
+           "unet_small": "diffusers", "whisper_encoder": "transformers", "t5_encoder": "transformers"}

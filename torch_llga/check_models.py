@@ -24,7 +24,7 @@ import warnings
 import torch
 
 import torch_llga
-from torch_llga import _optional
+from torch_llga import _optional, bench_models
 from torch_llga.report import Explanation
 
 TORCHVISION = ["resnet18", "resnet50", "resnext50_32x4d", "wide_resnet50_2", "densenet121", "mobilenet_v2",
@@ -32,7 +32,10 @@ TORCHVISION = ["resnet18", "resnet50", "resnext50_32x4d", "wide_resnet50_2", "de
                "efficientnet_b0", "regnet_y_400mf", "googlenet", "vgg11", "alexnet", "convnext_tiny", "vit_b_16",
                "swin_t"]
 TRANSFORMERS = ["bert_base", "distilbert", "gpt2"]
-PACKAGE = {**dict.fromkeys(TORCHVISION, "torchvision"), **dict.fromkeys(TRANSFORMERS, "transformers")}
+# Segmentation, detection, diffusion and speech models (bench_models.BEYOND), as the benchmark builds them.
+BEYOND = list(bench_models.BEYOND)
+PACKAGE = {**dict.fromkeys(TORCHVISION, "torchvision"), **dict.fromkeys(TRANSFORMERS, "transformers"),
+           **{name: bench_models.PACKAGE[name] for name in BEYOND}}
 # fp32 sums over many layers in another order drift ~1e-5 relative per layer. The absolute part
 # scales with the output: random-init MobileNets output ~1e-9, where a fixed atol would pass anything.
 RTOL = 1e-4
@@ -56,6 +59,9 @@ def make(name, size):
                   "gpt2": (tf.GPT2Config, tf.GPT2Model)}[name]
         model = FirstOutput(config[1](config[0](return_dict=False, torchscript=True)))
         return model.eval(), (torch.randint(0, 1000, (1, 128)),)
+    if name in BEYOND:
+        model, inputs = bench_models.BEYOND[name](1)
+        return model.eval(), inputs
     import torchvision
 
     kwargs = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
@@ -208,8 +214,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m torch_llga.check_models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(TORCHVISION + TRANSFORMERS),
-                        help="comma-separated, from: " + ", ".join(TORCHVISION + TRANSFORMERS))
+    parser.add_argument("--models", default=",".join(TORCHVISION + TRANSFORMERS + BEYOND),
+                        help="comma-separated, from: " + ", ".join(TORCHVISION + TRANSFORMERS + BEYOND))
     parser.add_argument("--size", type=int, default=224, help="image size for the vision models")
     parser.add_argument("--compile", action="store_true", help='through torch.compile(backend="torch_llga")')
     parser.add_argument("--markdown", metavar="PATH", help="write the whole page (command, date, CPU, torch, oneDNN, "

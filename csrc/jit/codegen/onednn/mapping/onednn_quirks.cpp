@@ -109,6 +109,18 @@ constexpr Quirk kQuirks[] = {
      "ReduceMean of a channels-last or blocked input runs a reference kernel: adaptive_avg_pool2d to 1x1 is an AvgPool instead.",
      "3.2", "", "test/test_patterns.py::test_global_average_pool_of_a_conv_runs_no_reference_kernel",
      "op_table.cpp, global_avg_pool", ""},
+    {"reduction_reads_plain",
+     "A reduction (ReduceMean, ReduceSum, ReduceMax, ReduceMin) of a channels-last or blocked input, or over other than its innermost dims, runs a reference kernel.",
+     "3.12.0", "", "test/test_patterns.py::test_reduction_of_a_conv_output_runs_no_reference_kernel test/test_ops.py::test_reduction_of_outer_dims_stays_in_pytorch",
+     "reduction_reads_plain, reduction_of_outer_dims (op_table.cpp, passes/layout_propagation.cpp, runtime/bind.cpp)", ""},
+    {"group_norm_slow_kernel",
+     "Group norm runs a reference kernel on a plain input and jit_group on a channels-last one, both slower than PyTorch's (1x128x32x32, 32 groups: 1.4 and 0.2 ms against 0.07).",
+     "3.12.0", "", "test/test_ops.py::test_group_norm_stays_in_pytorch",
+     "group_norm_slow_kernel (op_table.cpp)", ""},
+    {"pooling_reads_channels_last",
+     "A 1-D or 3-D pooling of a plain (ncw, ncdhw) input runs the simple_nchw kernel, over 20x slower than PyTorch's (channels-last: a fast one).",
+     "3.12.0", "", "test/test_ops.py::test_pooling_1d_3d_of_a_plain_input_stays_in_pytorch",
+     "pooling_of_a_plain_input (op_table.cpp), pooling_reads_channels_last (runtime/bind.cpp)", ""},
     // graph_fuser.cpp: partitions oneDNN formed
     {"pooling_binary_post_op",
      "Pooling with a binary post-op on its output (not a constant scalar) computes wrong values.",
@@ -621,6 +633,48 @@ bool copy_matmul_post_op_operands() {
 // with binary post-ops, where a post-op operand broadcasts along the last dim: c + x * 2 was off
 // by up to 17, (x * b) + c crashed (fuzzing, on Zen 4): a group whose main op is binary
 // (runtime/layouts.cpp, binary_chain_of_binaries) gets its inputs contiguous.
+// A reduction reads its inputs contiguous: a group writing one for it writes it so, and the kernel
+// copies any other layout first (a copy costs a fraction of the reference kernel).
+bool reduction_reads_plain() {
+  static const bool on = active("reduction_reads_plain");
+  return on;
+}
+
+// A reduction over dims that are not the innermost ones (of a plain layout: reduction_reads_plain):
+// 2x64x28x28 reduced over dim 1 took 1.3 ms, 70x PyTorch's time; over dims 2 and 3, 19 us.
+bool reduction_of_outer_dims(const std::vector<int64_t>& axes, int64_t rank) {
+  if (!reduction_reads_plain()) return false;
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (axes[axes.size() - 1 - i] != rank - 1 - static_cast<int64_t>(i)) return true;
+  return false;
+}
+
+// Group norm stays in PyTorch (AMD EPYC Zen 4, AVX2, 2 threads; on a conv's output, where oneDNN
+// hands it channels-last, conv + group norm + SiLU ran level with PyTorch at 32 channels, 28x28).
+bool group_norm_slow_kernel() {
+  static const bool on = active("group_norm_slow_kernel");
+  return on;
+}
+
+// A 1-D or 3-D pooling reads a plain input channels-last (the kernel copies it): average pooling of
+// 4x128x512, kernel 3, stride 2: 1.3 ms with simple_nchw, 48 us from nwc, PyTorch 53 us (AMD EPYC
+// Zen 4, 2 threads).
+bool pooling_reads_channels_last() {
+  static const bool on = active("pooling_reads_channels_last");
+  return on;
+}
+
+// Even from channels-last, the copy there costs more than PyTorch's pooling of the plain input (max
+// pooling of 4x128x512: 0.55 ms against 0.12): a 1-D or 3-D pooling maps where a oneDNN op produces
+// its input (a convolution, whose output oneDNN keeps in its own layout), and the copy is for a
+// producer left unfused.
+bool pooling_of_a_plain_input(const Node* pool) {
+  if (!pooling_reads_channels_last()) return false;
+  auto t = pool->input(0)->type()->cast<TensorType>();
+  if (!t || !t->dim() || (*t->dim() != 3 && *t->dim() != 5)) return false;
+  return !map_node(pool->input(0)->node());
+}
+
 bool copy_transposed_inputs() {
   static const bool on = active("copy_transposed_inputs");
   return on;

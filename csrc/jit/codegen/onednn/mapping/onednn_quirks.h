@@ -55,6 +55,8 @@ bool bf16_round(const Node* round);                       // no bf16 Round kerne
 bool above_five_dims(const Node* n, const std::vector<torch::jit::Value*>& inputs);  // reference kernels overrun
 // fp32 conv2d of one input channel, output width 1, stride along W > 1: an output element unwritten
 bool one_channel_unit_width_conv(const Node* conv, const std::vector<int64_t>& stride);
+// A reduction over these axes (sorted) of a tensor of this rank: not its innermost dims.
+bool reduction_of_outer_dims(const std::vector<int64_t>& axes, int64_t rank);
 
 // op_table.cpp: int8 weights stay PyTorch's (the conv or matmul then runs in fp32) on a CPU whose
 // oneDNN kernels lack VNNI: their u8 x s8 products saturate in 16-bit pairs.
@@ -62,6 +64,10 @@ bool int8_without_vnni();
 
 // op_table.cpp: a convolution's dilation is 1 along its size-1 kernel dims (the same convolution).
 bool dilated_unit_kernel();
+
+// op_table.cpp: ops left to PyTorch where oneDNN's kernel is slower than PyTorch's.
+bool group_norm_slow_kernel();                // any group norm
+bool pooling_of_a_plain_input(const Node* pool);  // a 1-D or 3-D pooling no oneDNN op feeds
 
 // graph_fuser.cpp: binary ops sharing a partition with the pooling they read.
 bool pooling_binary_post_op(const Node* binary, const std::unordered_set<const Node*>& partition);
@@ -86,6 +92,8 @@ bool copy_transposed_inputs();      // a binary op's broadcast post-op along the
 bool copy_matmul_post_op_operands();  // a matmul's post-op operand, channels-last and broadcast: misread
 bool canonical_unit_dim_strides();  // odd strides of size-1 dims: wrong values, a crash
 bool copy_interleaved_matmul_inputs();  // batch dims between a matmul input's matrix dims: wrong values
+bool reduction_reads_plain();       // a reduction of a channels-last or blocked input: reference kernel
+bool pooling_reads_channels_last();  // a 1-D or 3-D pooling of a plain input: a slow kernel
 
 // runtime.cpp: oneDNN's compiled-partition cache, off (it can hand a new partition a freed one's
 // compiled kernel, and so the freed module's weights).

@@ -82,13 +82,42 @@ bool binary_alpha(const Node* n, OpSpec& s) {  // add/sub: alpha != 1 is split o
   return alpha && *alpha == 1 && elementwise_binary(n, s);
 }
 
+// Where a transposed convolution's arguments are (aten::_convolution's order differs from conv_transpose2d's).
+struct ConvTransposeArgs {
+  size_t stride, padding, output_padding, groups, dilation;
+};
+
+// ConvTranspose: PyTorch's weight [in, out / groups, k...] is oneDNN's IOX, and both size the output
+// (in - 1) * stride - 2 * pad + dilation * (k - 1) + output_padding + 1.
+bool conv_transpose(const Node* n, OpSpec& s, ConvTransposeArgs a) {
+  int64_t r = rank(n->input(0));
+  if (r < 3 || r > 5 || rank(n->input(1)) != r) return false;
+  size_t sp = static_cast<size_t>(r - 2);
+  auto stride = spatial(ints_arg(n, a.stride), sp), pad = spatial(ints_arg(n, a.padding), sp);
+  auto out_pad = spatial(ints_arg(n, a.output_padding), sp), dil = spatial(ints_arg(n, a.dilation), sp);
+  auto groups = int_arg(n, a.groups);
+  if (!stride || !pad || !out_pad || !dil || !groups || *groups < 1) return false;
+  s.kind = K::ConvTranspose;
+  s.in(n->input(0)).in(n->input(1));
+  if (!is_none(n, 2)) {
+    if (rank(n->input(2)) != 1) return false;
+    s.in(n->input(2));
+  }
+  s.attr(A::strides, *stride).attr(A::pads_begin, *pad).attr(A::pads_end, *pad).attr(A::dilations, *dil)
+      .attr(A::output_padding, *out_pad).attr(A::groups, *groups).attr(A::data_format, std::string("NCX"))
+      .attr(A::weights_format, std::string("IOX"));
+  return true;
+}
+
 bool convolution(const Node* n, OpSpec& s, bool has_transposed_arg) {
   int64_t r = rank(n->input(0));
   if (r < 3 || rank(n->input(1)) != r) return false;
   size_t sp = static_cast<size_t>(r - 2);
   auto stride = spatial(ints_arg(n, 3), sp), pad = spatial(ints_arg(n, 4), sp), dil = spatial(ints_arg(n, 5), sp);
   auto groups = int_arg(n, has_transposed_arg ? 8 : 6);
-  if (has_transposed_arg && bool_arg(n, 6).value_or(true)) return false;  // ConvTranspose: not mapped
+  auto transposed = has_transposed_arg ? bool_arg(n, 6) : std::optional<bool>(false);
+  if (!transposed) return false;
+  if (*transposed) return conv_transpose(n, s, {3, 4, 7, 8, 5});
   if (!stride || !pad || !dil || !groups || quirks::one_channel_unit_width_conv(n, *stride)) return false;
   if (quirks::dilated_unit_kernel()) {  // a size-1 kernel dim reads one pixel whatever its dilation
     Ints w = sizes(n->input(1));
@@ -113,6 +142,25 @@ bool batch_norm(const Node* n, OpSpec& s) {
   if (!eps) return false;
   for (size_t i = 0; i <= 4; ++i) s.in(n->input(i));  // src, gamma, beta, mean, variance
   s.attr(A::epsilon, static_cast<float>(*eps)).attr(A::data_format, std::string("NCX"));
+  return true;
+}
+
+// group_norm(input, num_groups, weight, bias, eps): channels (dim 1) in groups; gamma and beta both or neither.
+bool group_norm(const Node* n, OpSpec& s) {
+  int64_t r = rank(n->input(0));
+  auto groups = int_arg(n, 1);
+  auto eps = scalar_arg(n, 4);
+  if (quirks::group_norm_slow_kernel() || r < 3 || r > 5 || !groups || !eps || *groups < 1 || sizes(n->input(0))[1] % *groups)
+    return false;
+  bool affine = !is_none(n, 2) && !is_none(n, 3);
+  if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;
+  s.in(n->input(0));
+  if (affine) {
+    if (rank(n->input(2)) != 1 || rank(n->input(3)) != 1) return false;
+    s.in(n->input(2)).in(n->input(3));
+  }
+  s.attr(A::groups, *groups).attr(A::use_affine, affine).attr(A::keep_stats, false)
+      .attr(A::epsilon, static_cast<float>(*eps)).attr(A::data_format, std::string("NCX"));
   return true;
 }
 
@@ -247,7 +295,7 @@ bool pool_shape_matches(const Node* n, const Ints& k, const Ints& st, const Ints
 
 template <size_t Dims>
 bool max_pool(const Node* n, OpSpec& s) {
-  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2) return false;
+  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2 || quirks::pooling_of_a_plain_input(n)) return false;
   auto k = spatial(ints_arg(n, 1), Dims), pad = spatial(ints_arg(n, 3), Dims), dil = spatial(ints_arg(n, 4), Dims);
   auto st = ints_arg(n, 2);
   auto ceil = bool_arg(n, 5);
@@ -261,16 +309,18 @@ bool max_pool(const Node* n, OpSpec& s) {
   return true;
 }
 
-bool avg_pool2d(const Node* n, OpSpec& s) {
-  if (rank(n->input(0)) != 4) return false;
-  auto k = spatial(ints_arg(n, 1), 2), pad = spatial(ints_arg(n, 3), 2);
+template <size_t Dims>
+bool avg_pool(const Node* n, OpSpec& s) {
+  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2 || quirks::pooling_of_a_plain_input(n)) return false;
+  auto k = spatial(ints_arg(n, 1), Dims), pad = spatial(ints_arg(n, 3), Dims);
   auto st = ints_arg(n, 2);
   auto ceil = bool_arg(n, 4), count_include_pad = bool_arg(n, 5);
   if (st && st->empty()) st = k;
-  st = spatial(st, 2);
-  // ceil_mode changes PyTorch's divisor at the border; divisor_override has no oneDNN form.
-  if (!k || !st || !pad || ceil.value_or(true) || !count_include_pad || !is_none(n, 6)) return false;
-  if (!pool_shape_matches(n, *k, *st, *pad, Ints{1, 1}, false)) return false;
+  st = spatial(st, Dims);
+  // ceil_mode changes PyTorch's divisor at the border; divisor_override (not in avg_pool1d) has no oneDNN form.
+  bool divisor_override = n->inputs().size() > 6 && !is_none(n, 6);
+  if (!k || !st || !pad || ceil.value_or(true) || !count_include_pad || divisor_override) return false;
+  if (!pool_shape_matches(n, *k, *st, *pad, Ints(Dims, 1), false)) return false;
   s.in(n->input(0)).attr(A::kernel, *k).attr(A::strides, *st).attr(A::pads_begin, *pad).attr(A::pads_end, *pad)
       .attr(A::exclude_pad, !*count_include_pad).attr(A::rounding_type, std::string("floor"))
       .attr(A::data_format, std::string("NCX"));
@@ -290,6 +340,82 @@ bool global_avg_pool(const Node* n, OpSpec& s) {
   s.in(n->input(0)).attr(A::kernel, Ints{in[2], in[3]}).attr(A::strides, Ints{1, 1}).attr(A::pads_begin, Ints{0, 0})
       .attr(A::pads_end, Ints{0, 0}).attr(A::exclude_pad, false).attr(A::rounding_type, std::string("floor"))
       .attr(A::data_format, std::string("NCX"));
+  return true;
+}
+
+// mean.dim / sum.dim_IntList (dim, keepdim, dtype), amax / amin (dim, keepdim): no dims is all dims in
+// PyTorch (an empty axes list is no reduction in oneDNN).
+bool reduce(const Node* n, OpSpec& s) {
+  int64_t r = rank(n->input(0));
+  auto dims = is_none(n, 1) ? std::optional<Ints>(Ints{}) : ints_arg(n, 1);
+  auto keepdim = bool_arg(n, 2);
+  if (r < 1 || !dims || !keepdim || (n->inputs().size() > 3 && !is_none(n, 3))) return false;  // dtype: not mapped
+  Ints axes;
+  for (int64_t d = 0; d < r; ++d)
+    if (dims->empty() || std::any_of(dims->begin(), dims->end(), [&](int64_t e) { return wrap_dim(e, r) == d; }))
+      axes.push_back(d);
+  if (quirks::reduction_of_outer_dims(axes, r)) return false;
+  Ints in = sizes(n->input(0));
+  int64_t reduced = 1;
+  for (int64_t d : axes) reduced *= in[d];
+  if (reduced == 1) return false;  // a copy, which oneDNN's reduction does not take (it fails to run)
+  s.in(n->input(0)).attr(A::axes, axes).attr(A::keep_dims, *keepdim);
+  return true;
+}
+
+// F.interpolate's upsample_*.vec(input, output_size, [align_corners,] scale_factors). Linear modes:
+// PyTorch's source coordinate is oneDNN's (half_pixel, clamped at the border) where its scale is in / out: given by output_size, or by whole scale factors. Nearest: PyTorch reads
+// floor(dst * in / out), oneDNN round((dst + 0.5) * in / out - 0.5): the same where out is a whole
+// multiple of in.
+template <size_t Dims>
+bool interpolate(const Node* n, OpSpec& s) {
+  static const char* const linear_modes[] = {"", "linear", "bilinear", "trilinear"};
+  bool nearest = n->inputs().size() == 3;
+  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2) return false;
+  Ints in = sizes(n->input(0)), out = sizes(n->output());
+  Ints in_sp(in.begin() + 2, in.end()), out_sp(out.begin() + 2, out.end());
+  std::optional<bool> align_corners = nearest ? std::optional<bool>(false) : bool_arg(n, 2);
+  Value* scales_arg = n->input(nearest ? 2 : 3);
+  // oneDNN's CPU resampling has half_pixel only: align_corners forms no partition.
+  if (!align_corners || *align_corners) return false;
+  for (size_t i = 0; i < Dims; ++i)
+    if (nearest && out_sp[i] % in_sp[i] != 0) return false;
+  std::vector<float> whole_scales;
+  if (auto sf = toIValue(scales_arg); sf && sf->isDoubleList()) {
+    for (double f : sf->toDoubleVector())
+      if (f >= 1 && f == std::floor(f)) whole_scales.push_back(static_cast<float>(f));
+    if (whole_scales.size() != Dims) {
+      // PyTorch scales by 1 / factor, oneDNN by in / out: the mapping holds where they agree.
+      auto factors = sf->toDoubleVector();
+      for (size_t i = 0; i < Dims && factors.size() == Dims; ++i)
+        if (static_cast<double>(in_sp[i]) * factors[i] != static_cast<double>(out_sp[i])) return false;
+      whole_scales.clear();
+    }
+  }
+  s.in(n->input(0)).attr(A::mode, std::string(nearest ? "nearest" : linear_modes[Dims]))
+      .attr(A::coordinate_transformation_mode, std::string("half_pixel"))
+      .attr(A::data_format, std::string("NCX"));
+  if (!whole_scales.empty()) return s.attr(A::scales, whole_scales), true;  // holds for every input size
+  s.shape_specific = true;  // the profiled output size
+  return s.attr(A::sizes, out_sp), true;
+}
+
+// prelu(x, weight): one slope, or one per channel (dim 1).
+bool prelu(const Node* n, OpSpec& s) {
+  int64_t r = rank(n->input(0));
+  if (r < 2 || rank(n->input(1)) != 1) return false;
+  Ints w = sizes(n->input(1));
+  if (w.empty() || (w[0] != 1 && w[0] != sizes(n->input(0))[1])) return false;
+  s.in(n->input(0)).in(n->input(1)).attr(A::data_format, std::string("NCX")).attr(A::per_channel_broadcast, w[0] != 1);
+  return true;
+}
+
+// softplus(x, beta, threshold): PyTorch returns x where x * beta > threshold, oneDNN always
+// log(1 + exp(beta * x)) / beta; they differ by at most log1p(exp(-threshold)) / beta.
+bool softplus(const Node* n, OpSpec& s) {
+  auto beta = scalar_arg(n, 1), threshold = scalar_arg(n, 2);
+  if (!beta || !threshold || *beta <= 0 || std::log1p(std::exp(-*threshold)) / *beta > 1e-7) return false;
+  s.in(n->input(0)).attr(A::beta, static_cast<float>(*beta));
   return true;
 }
 
@@ -428,10 +554,18 @@ const std::vector<OpEntry>& op_table() {
        K::Convolution, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
       {"aten::conv3d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[3] stride=[1, 1, 1], SymInt[3] padding=[0, 0, 0], SymInt[3] dilation=[1, 1, 1], SymInt groups=1) -> Tensor",
        K::Convolution, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return convolution(n, s, false); }},
+      {"aten::conv_transpose1d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[1] stride=[1], SymInt[1] padding=[0], SymInt[1] output_padding=[0], SymInt groups=1, SymInt[1] dilation=[1]) -> Tensor",
+       K::ConvTranspose, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return conv_transpose(n, s, {3, 4, 5, 6, 7}); }},
+      {"aten::conv_transpose2d.input(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=[1, 1], SymInt[2] padding=[0, 0], SymInt[2] output_padding=[0, 0], SymInt groups=1, SymInt[2] dilation=[1, 1]) -> Tensor",
+       K::ConvTranspose, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return conv_transpose(n, s, {3, 4, 5, 6, 7}); }},
+      {"aten::conv_transpose3d.input(Tensor input, Tensor weight, Tensor? bias=None, SymInt[3] stride=[1, 1, 1], SymInt[3] padding=[0, 0, 0], SymInt[3] output_padding=[0, 0, 0], SymInt groups=1, SymInt[3] dilation=[1, 1, 1]) -> Tensor",
+       K::ConvTranspose, kWorthAlone | kKeepsNaN | kContraction, [](const Node* n, OpSpec& s) { return conv_transpose(n, s, {3, 4, 5, 6, 7}); }},
       {"aten::batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled) -> Tensor",
        K::BatchNormInference, kWorthAlone | kShapePreserving | kKeepsNaN | kFloatParams, batch_norm},
       {"aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor",
        K::LayerNorm, kWorthAlone | kShapePreserving | kFloatParams, layer_norm},
+      {"aten::group_norm(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enabled=True) -> Tensor",
+       K::GroupNorm, kWorthAlone | kShapePreserving | kFloatParams, group_norm},
       {"aten::rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor",
        K::RMSNorm, kWorthAlone | kShapePreserving | kFloatParams, rms_norm},
       {"aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", K::MatMul, kWorthAlone | kKeepsNaN | kContraction, linear, PlanStep::kLinear},
@@ -445,14 +579,34 @@ const std::vector<OpEntry>& op_table() {
        K::MaxPool, kWorthAlone | kPooling, max_pool<2>},
       {"aten::max_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> Tensor",
        K::MaxPool, kWorthAlone | kPooling, max_pool<3>},
+      {"aten::max_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=[0], int[1] dilation=[1], bool ceil_mode=False) -> Tensor",
+       K::MaxPool, kWorthAlone | kPooling, max_pool<1>},
+      {"aten::avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=[0], bool ceil_mode=False, bool count_include_pad=True) -> Tensor",
+       K::AvgPool, kWorthAlone | kPooling, avg_pool<1>},
       {"aten::avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
-       K::AvgPool, kWorthAlone | kPooling, avg_pool2d},
+       K::AvgPool, kWorthAlone | kPooling, avg_pool<2>},
+      {"aten::avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
+       K::AvgPool, kWorthAlone | kPooling, avg_pool<3>},
       {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::AvgPool, kWorthAlone | kPooling, global_avg_pool},
+      // reductions and resampling
+      {"aten::mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", K::ReduceMean, kKeepsNaN | kReduction, reduce},
+      {"aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", K::ReduceSum, kKeepsNaN | kReduction, reduce},
+      {"aten::amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor", K::ReduceMax, kNone | kReduction, reduce},
+      {"aten::amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor", K::ReduceMin, kNone | kReduction, reduce},
+      {"aten::upsample_nearest1d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<1>},
+      {"aten::upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<2>},
+      {"aten::upsample_nearest3d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<3>},
+      {"aten::upsample_linear1d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<1>},
+      {"aten::upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<2>},
+      {"aten::upsample_trilinear3d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<3>},
       // binary (scalar operands become tensors in prepare_binary)
       {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kKeepsNaN | kBinary | kAdditive | kStrideAgnostic, binary_alpha, PlanStep::kAdd},
       {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kKeepsNaN | kBinary | kAdditive | kStrideAgnostic, binary_alpha, PlanStep::kSub},
       {"aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", K::Multiply, kKeepsNaN | kBinary | kMultiplicative | kStrideAgnostic, elementwise_binary, PlanStep::kMul},
       {"aten::div.Tensor(Tensor self, Tensor other) -> Tensor", K::Divide, kKeepsNaN | kBinary | kMultiplicative | kStrideAgnostic, elementwise_binary, PlanStep::kDiv},
+      {"aten::maximum(Tensor self, Tensor other) -> Tensor", K::Maximum, kBinary | kStrideAgnostic, elementwise_binary, PlanStep::kMaximum},
+      {"aten::minimum(Tensor self, Tensor other) -> Tensor", K::Minimum, kBinary | kStrideAgnostic, elementwise_binary, PlanStep::kMinimum},
+      {"aten::prelu(Tensor self, Tensor weight) -> Tensor", K::PReLU, kShapePreserving, prelu},
       // where(condition, self, other): the boolean mask of attention (decompose_ops' SDPA)
       {"aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", K::Select, kKeepsNaN | kBinary | kStrideAgnostic,
        [](const Node* n, OpSpec& s) {
@@ -482,6 +636,8 @@ const std::vector<OpEntry>& op_table() {
       {"aten::round(Tensor self) -> Tensor", K::Round, kShapePreserving | kEltwise | kStrideAgnostic, round},
       {"aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor", K::Pow, kShapePreserving | kEltwise | kStrideAgnostic, pow_scalar},
       {"aten::mish(Tensor self) -> Tensor", K::Mish, kShapePreserving | kEltwise | kStrideAgnostic, unary},
+      {"aten::softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor", K::SoftPlus, kShapePreserving | kEltwise | kStrideAgnostic, softplus},
+      {"aten::reciprocal(Tensor self) -> Tensor", K::Reciprocal, kShapePreserving | kStrideAgnostic | kKeepsNaN, unary},  // no post-op: x * (1 / y) only
       // data movement
       {"aten::cat(Tensor[] tensors, int dim=0) -> Tensor", K::Concat, kKeepsNaN, cat, PlanStep::kCat},
       {"aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)", K::StaticTranspose, kKeepsNaN | kView, permute, PlanStep::kPermute},
@@ -504,8 +660,6 @@ const std::vector<OpEntry>& op_table() {
       {"aten::sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor", K::Wildcard, kAdditive | kStrideAgnostic, nullptr, PlanStep::kSub},
       {"aten::mul.Scalar(Tensor self, Scalar other) -> Tensor", K::Wildcard, kMultiplicative | kStrideAgnostic, nullptr, PlanStep::kMul},
       {"aten::div.Scalar(Tensor self, Scalar other) -> Tensor", K::Wildcard, kMultiplicative | kStrideAgnostic, nullptr, PlanStep::kDiv},
-      {"aten::maximum(Tensor self, Tensor other) -> Tensor", K::Wildcard, kStrideAgnostic, nullptr, PlanStep::kMaximum},
-      {"aten::minimum(Tensor self, Tensor other) -> Tensor", K::Wildcard, kStrideAgnostic, nullptr, PlanStep::kMinimum},
       {"aten::silu(Tensor self) -> Tensor", K::Wildcard, kStrideAgnostic | kFunctionalForm, nullptr, PlanStep::kSilu},
       {"aten::neg(Tensor self) -> Tensor", K::Wildcard, kStrideAgnostic, nullptr, PlanStep::kNeg},
       {"aten::t(Tensor(a) self) -> Tensor(a)", K::Wildcard, kView, nullptr, PlanStep::kT},
@@ -537,6 +691,7 @@ const char* flag_name(unsigned bit) {
     case kView: return "kView";
     case kMatrixProduct2d: return "kMatrixProduct2d";
     case kFunctionalForm: return "kFunctionalForm";
+    case kReduction: return "kReduction";
     default: return nullptr;
   }
 }

@@ -70,6 +70,7 @@ enum OpFlags : unsigned {
   // No oneDNN mapping of its own, but its in-place form (silu_, addmm_) is still made functional
   // (remove_mutation): a small-graph plan can run it. Ops oneDNN maps always are.
   kFunctionalForm = 1u << 14,
+  kReduction = 1u << 15,  // ReduceMean, ReduceSum, ReduceMax, ReduceMin over dims (a family)
 };
 
 // The small-graph plan's computation for an op (small_plan/): which of its steps runs this schema.

@@ -12,6 +12,7 @@
 
 #include <unordered_set>
 
+#include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 
@@ -57,7 +58,18 @@ bool convolves(const Node* group) {
   return false;
 }
 
+// Whether a group reading v reads it with a reduction (quirks::reduction_reads_plain).
+bool read_by_a_reduction(const Value* v) {
+  for (const auto& use : v->uses()) {
+    if (use.user->kind() != kFusionGroup) continue;
+    for (const auto& u : use.user->g(c10::attr::Subgraph)->inputs()[use.offset]->uses())
+      if (in_family(u.user, kReduction)) return true;
+  }
+  return false;
+}
+
 int64_t layout_of(const Node* group, const Value* out) {
+  if (quirks::reduction_reads_plain() && read_by_a_reduction(out)) return kStridedOutput;
   if (read_by_groups_only(out)) return kOpaqueOutput;
   auto t = out->type()->cast<torch::jit::TensorType>();
   if (!t || t->dim() != 4 || out->uses().empty() || !convolves(group)) return kStridedOutput;

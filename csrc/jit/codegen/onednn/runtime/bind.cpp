@@ -37,9 +37,12 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
     inputs_[i].any_dense = binary_free && read_by_conv_or_matmul_only(v);
     inputs_[i].read_by_matmul = read_by_matmul(v);
     inputs_[i].image = read_as_conv_source_only(v);
-    inputs_[i].plain_only = binary_chain || (matmul_post_ops && std::any_of(v->uses().begin(), v->uses().end(), [](const auto& u) {
-                                               return is_binary_op(u.user);
-                                             }));
+    auto read_by = [&](auto pred) { return std::any_of(v->uses().begin(), v->uses().end(), [&](const auto& u) { return pred(u.user); }); };
+    inputs_[i].plain_only = binary_chain || (matmul_post_ops && read_by(is_binary_op)) ||
+                            (quirks::reduction_reads_plain() && read_by([](const Node* n) { return in_family(n, kReduction); }));
+    auto rank = v->type()->cast<TensorType>() ? v->type()->cast<TensorType>()->dim() : std::nullopt;
+    inputs_[i].channels_last =
+        quirks::pooling_reads_channels_last() && (rank == 3 || rank == 5) && read_by([](const Node* n) { return in_family(n, kPooling); });
   }
 
   auto in_lts = profiled_.partition.get_input_ports();

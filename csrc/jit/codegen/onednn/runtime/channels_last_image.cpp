@@ -8,6 +8,7 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/mapping/dtypes.h"
+#include "jit/codegen/onednn/runtime/to_dense.h"
 #include "onednn/buffer_pool.h"
 
 namespace llga {
@@ -66,6 +67,18 @@ at::Tensor image_to_channels_last(const at::Tensor& t) {
   else
     interleave(static_cast<const uint16_t*>(t.const_data_ptr()), static_cast<uint16_t*>(out.data_ptr()), t.size(0), t.size(1), plane);
   return out;
+}
+
+at::Tensor plain_to_channels_last(const at::Tensor& t) {
+  if (!t.defined() || is_llga_tensor(t) || t.dim() < 3 || t.dim() > 5 || !t.is_contiguous() || !to_dnnl_dtype(t.scalar_type()))
+    return t;
+  if (t.size(1) == 1) return t;  // one channel: the same memory either way
+  std::vector<int64_t> strides(t.dim());  // channels innermost, then the spatial dims, then the batch
+  int64_t stride = t.size(1);
+  strides[1] = 1;
+  for (int64_t d = t.dim() - 1; d >= 2; --d) strides[d] = stride, stride *= t.size(d);
+  strides[0] = stride;
+  return strided_copy(t, strides);
 }
 
 }  // namespace llga

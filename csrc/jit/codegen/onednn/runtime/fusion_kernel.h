@@ -87,6 +87,7 @@ class FusionKernel {
     bool read_by_matmul = false;  // a matmul reads it (see readable())
     bool plain_only = false;      // read by a chain of binary ops: contiguous only (see readable())
     bool image = false;           // read as a convolution's source only (see image_to_channels_last())
+    bool channels_last = false;   // read by a 1-D/3-D pooling: channels-last (plain_to_channels_last())
     size_t ports = 0;        // how many input ports read it
   };
   // Per input port of the partition.

@@ -212,6 +212,7 @@ void FusionKernel::run(Stack& stack) {
                                                    inputs_[i].plain_only)
                                         : at::Tensor());
     if (inputs_[i].image) inputs.back() = image_to_channels_last(inputs.back());
+    if (inputs_[i].channels_last) inputs.back() = plain_to_channels_last(inputs.back());
   }
   std::shared_ptr<CompiledPartition> compiled = compiled_for(inputs, args);
   CompiledPartition& c = *compiled;

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "jit/codegen/onednn/mapping/dtypes.h"
 #include "jit/codegen/onednn/runtime/compile_cache.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
 
@@ -69,6 +70,28 @@ at::Tensor llga_to_dense(const at::Tensor& t) {
   for (auto s : impl.layout_strides()) key.push_back(s);  // empty if opaque
   auto r = reorders().get(key, kCapacity, [&] { return compile_reorder(src, out.strides().vec()); });
   dnnl::graph::tensor in(r->in, runtime::engine(), impl.data());
+  dnnl::graph::tensor o(r->out, runtime::engine(), out.data_ptr());
+  std::lock_guard<std::mutex> lock(r->execute_mutex);
+  r->partition.execute(runtime::stream(), {in}, {o});
+  return out;
+}
+
+at::Tensor strided_copy(const at::Tensor& t, c10::IntArrayRef strides) {
+  auto dtype = to_dnnl_dtype(t.scalar_type());
+  TORCH_CHECK(dtype && !is_llga_tensor(t), "torch_llga: strided_copy of an unsupported tensor");
+  at::Tensor out = at::empty_strided(t.sizes(), strides, t.options());
+  if (out.numel() == 0) return out;
+  CompileCache<Reorder>::Key key;
+  key.push_back(-3);  // a strided source (llga_to_dense's keys start with a data type)
+  key.push_back(static_cast<int64_t>(*dtype));
+  key.push_back(t.dim());
+  for (auto s : t.sizes()) key.push_back(s);
+  for (auto s : t.strides()) key.push_back(s);
+  for (auto s : strides) key.push_back(s);
+  auto r = reorders().get(key, kCapacity, [&] {
+    return compile_reorder(logical_tensor(0, *dtype, t.sizes().vec(), t.strides().vec()), strides.vec());
+  });
+  dnnl::graph::tensor in(r->in, runtime::engine(), const_cast<void*>(t.const_data_ptr()));
   dnnl::graph::tensor o(r->out, runtime::engine(), out.data_ptr());
   std::lock_guard<std::mutex> lock(r->execute_mutex);
   r->partition.execute(runtime::stream(), {in}, {o});
