@@ -347,6 +347,8 @@ def test_group_norm_stays_in_pytorch():
     # test_patterns.py::test_group_norm_mapping).
     fused = check(torch.nn.GroupNorm(4, 8), torch.randn(2, 8, 6, 6), groups=[])
     assert fused.unfused == ["group_norm"]
+    [(_, why)] = torch_llga.explain(torch.nn.GroupNorm(4, 8), torch.randn(2, 8, 6, 6), verbose=False).unfused
+    assert "group_norm_slow_kernel" in why
 
 
 @pytest.mark.parametrize("op,fn,inp", [
@@ -373,6 +375,18 @@ def test_interpolate(op, fn, inp):
 def test_interpolate_outside_the_mapping_stays_in_pytorch(fn):
     fused = check(fn, torch.randn(1, 4, 5, 7), groups=[])
     assert len(fused.unfused) == 1 and fused.unfused[0].startswith("upsample")
+    # explain() says which condition, not only that one failed
+    [(op, why)] = torch_llga.explain(Lambda(fn), torch.randn(1, 4, 5, 7), verbose=False).unfused
+    assert "conditions" not in why and ("PyTorch" in why or "oneDNN" in why), why
+
+
+class Lambda(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
 
 
 def test_interpolate_by_whole_factors_fuses_at_new_sizes():

@@ -150,8 +150,8 @@ bool group_norm(const Node* n, OpSpec& s) {
   int64_t r = rank(n->input(0));
   auto groups = int_arg(n, 1);
   auto eps = scalar_arg(n, 4);
-  if (quirks::group_norm_slow_kernel() || r < 3 || r > 5 || !groups || !eps || *groups < 1 || sizes(n->input(0))[1] % *groups)
-    return false;
+  if (quirks::group_norm_slow_kernel()) return s.refuse("oneDNN's group norm is slower than PyTorch's (quirk group_norm_slow_kernel)");
+  if (r < 3 || r > 5 || !groups || !eps || *groups < 1 || sizes(n->input(0))[1] % *groups) return false;
   bool affine = !is_none(n, 2) && !is_none(n, 3);
   if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;
   s.in(n->input(0));
@@ -295,7 +295,9 @@ bool pool_shape_matches(const Node* n, const Ints& k, const Ints& st, const Ints
 
 template <size_t Dims>
 bool max_pool(const Node* n, OpSpec& s) {
-  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2 || quirks::pooling_of_a_plain_input(n)) return false;
+  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2) return false;
+  if (quirks::pooling_of_a_plain_input(n))
+    return s.refuse("a 1-D or 3-D pooling no fused op feeds: slower in oneDNN (quirk pooling_reads_channels_last)");
   auto k = spatial(ints_arg(n, 1), Dims), pad = spatial(ints_arg(n, 3), Dims), dil = spatial(ints_arg(n, 4), Dims);
   auto st = ints_arg(n, 2);
   auto ceil = bool_arg(n, 5);
@@ -311,7 +313,9 @@ bool max_pool(const Node* n, OpSpec& s) {
 
 template <size_t Dims>
 bool avg_pool(const Node* n, OpSpec& s) {
-  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2 || quirks::pooling_of_a_plain_input(n)) return false;
+  if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2) return false;
+  if (quirks::pooling_of_a_plain_input(n))
+    return s.refuse("a 1-D or 3-D pooling no fused op feeds: slower in oneDNN (quirk pooling_reads_channels_last)");
   auto k = spatial(ints_arg(n, 1), Dims), pad = spatial(ints_arg(n, 3), Dims);
   auto st = ints_arg(n, 2);
   auto ceil = bool_arg(n, 4), count_include_pad = bool_arg(n, 5);
@@ -354,11 +358,12 @@ bool reduce(const Node* n, OpSpec& s) {
   for (int64_t d = 0; d < r; ++d)
     if (dims->empty() || std::any_of(dims->begin(), dims->end(), [&](int64_t e) { return wrap_dim(e, r) == d; }))
       axes.push_back(d);
-  if (quirks::reduction_of_outer_dims(axes, r)) return false;
+  if (quirks::reduction_of_outer_dims(axes, r))
+    return s.refuse("a reduction over outer dims: oneDNN's reference kernel (quirk reduction_reads_plain)");
   Ints in = sizes(n->input(0));
   int64_t reduced = 1;
   for (int64_t d : axes) reduced *= in[d];
-  if (reduced == 1) return false;  // a copy, which oneDNN's reduction does not take (it fails to run)
+  if (reduced == 1) return s.refuse("a reduction over size-1 dims only (a copy; oneDNN's reduction fails to run it)");
   s.in(n->input(0)).attr(A::axes, axes).attr(A::keep_dims, *keepdim);
   return true;
 }
@@ -376,10 +381,11 @@ bool interpolate(const Node* n, OpSpec& s) {
   Ints in_sp(in.begin() + 2, in.end()), out_sp(out.begin() + 2, out.end());
   std::optional<bool> align_corners = nearest ? std::optional<bool>(false) : bool_arg(n, 2);
   Value* scales_arg = n->input(nearest ? 2 : 3);
-  // oneDNN's CPU resampling has half_pixel only: align_corners forms no partition.
-  if (!align_corners || *align_corners) return false;
+  if (!align_corners) return false;
+  if (*align_corners) return s.refuse("align_corners=True: oneDNN's CPU resampling has half_pixel only");
   for (size_t i = 0; i < Dims; ++i)
-    if (nearest && out_sp[i] % in_sp[i] != 0) return false;
+    if (nearest && out_sp[i] % in_sp[i] != 0)
+      return s.refuse("nearest resampling by other than whole upsampling factors: PyTorch picks other pixels");
   std::vector<float> whole_scales;
   if (auto sf = toIValue(scales_arg); sf && sf->isDoubleList()) {
     for (double f : sf->toDoubleVector())
@@ -388,7 +394,8 @@ bool interpolate(const Node* n, OpSpec& s) {
       // PyTorch scales by 1 / factor, oneDNN by in / out: the mapping holds where they agree.
       auto factors = sf->toDoubleVector();
       for (size_t i = 0; i < Dims && factors.size() == Dims; ++i)
-        if (static_cast<double>(in_sp[i]) * factors[i] != static_cast<double>(out_sp[i])) return false;
+        if (static_cast<double>(in_sp[i]) * factors[i] != static_cast<double>(out_sp[i]))
+          return s.refuse("a scale factor that is not out / in: PyTorch samples by 1 / factor, oneDNN by in / out");
       whole_scales.clear();
     }
   }
@@ -414,7 +421,8 @@ bool prelu(const Node* n, OpSpec& s) {
 // log(1 + exp(beta * x)) / beta; they differ by at most log1p(exp(-threshold)) / beta.
 bool softplus(const Node* n, OpSpec& s) {
   auto beta = scalar_arg(n, 1), threshold = scalar_arg(n, 2);
-  if (!beta || !threshold || *beta <= 0 || std::log1p(std::exp(-*threshold)) / *beta > 1e-7) return false;
+  if (!beta || !threshold || *beta <= 0) return false;
+  if (std::log1p(std::exp(-*threshold)) / *beta > 1e-7) return s.refuse("a softplus threshold oneDNN's formula (no linear branch) misses by over 1e-7");
   s.in(n->input(0)).attr(A::beta, static_cast<float>(*beta));
   return true;
 }
@@ -801,7 +809,11 @@ std::string explain_unmapped(const Node* n, std::optional<bool> mapped) {
     if (auto problem = tensor_problem(v, condition); !problem.empty()) return problem;
   }
   if (!non_tensor_inputs_constant(n)) return "an argument computed at run time (guards check tensors only)";
-  if (!(mapped ? *mapped : try_map(n).has_value())) return "arguments outside the mapping's conditions (op_table.cpp)";
+  if (!(mapped ? *mapped : try_map(n).has_value())) {
+    OpSpec spec;
+    if (!e->build(n, spec) && spec.refused) return spec.refused;
+    return "arguments outside the mapping's conditions (op_table.cpp)";
+  }
   return "";
 }
 }  // namespace

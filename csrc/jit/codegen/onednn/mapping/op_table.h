@@ -30,8 +30,12 @@ struct OpSpec {
   // The op holds only for the profiled sizes (a reshape to them, say): its group cannot be
   // recompiled for other input sizes, so a new shape takes the unfused fallback.
   bool shape_specific = false;
+  // Why the builder refused the node, where a reason of its own says more than "outside the
+  // mapping's conditions" (a quirk, a mode oneDNN lacks): explain() shows it.
+  const char* refused = nullptr;
 
   OpSpec& in(Value* v) { inputs.push_back(v); return *this; }
+  bool refuse(const char* why) { refused = why; return false; }
   template <typename T>
   OpSpec& attr(op::attr a, T v) { attrs.emplace_back(a, std::move(v)); return *this; }  // no variant temporary:
   // moving one that holds a vector makes GCC 12 warn -Wmaybe-uninitialized (a false positive)
