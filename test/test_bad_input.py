@@ -39,6 +39,24 @@ def test_nan_and_inf_propagate_like_eager(dtype, value):
     assert expected.isnan().any() or expected.isinf().any()  # the test would be vacuous otherwise
 
 
+@pytest.mark.parametrize("rows", [4, 300])
+def test_nan_in_a_half_of_a_wider_tensor_is_found(rows):
+    # A chunk of a linear's output (GEGLU's, SwiGLU's halves) is scanned row by row in place: a NaN
+    # in the half the group reads sends it unfused, one in the other half does not.
+    def f(a):
+        h, gate = a.chunk(2, -1)
+        return torch.softmax(gate, -1) * 2.0, h
+    x = torch.randn(2, rows, 64)
+    fused = check(f, x, groups=[["softmax", "mul"]])
+    for column, falls_back in [(40, True), (63, True), (10, False)]:
+        bad = x.clone()
+        bad[1, rows - 1, column] = float("nan")
+        before = torch_llga.stats()
+        for got, expected in zip(fused(bad), f(bad)):
+            torch.testing.assert_close(got, expected, equal_nan=True, **FP32)
+        assert (torch_llga.stats()["nonfinite_fallbacks"] > before["nonfinite_fallbacks"]) == falls_back
+
+
 @pytest.mark.parametrize("position", [0, 70_000, 140_000, 3 * 64 * 1024 - 1])
 def test_nan_anywhere_in_a_large_input_is_found(position):
     # Inputs of 128K elements and more are scanned in blocks on several threads: each block counts.

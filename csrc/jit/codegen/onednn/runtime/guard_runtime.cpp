@@ -112,14 +112,39 @@ bool any_nonfinite_parallel(const Bits* bits, int64_t n) {
   return found.load();
 }
 
+// Rows of a tensor whose last dim is contiguous (a chunk or slice of a wider one: GEGLU's and
+// SwiGLU's halves, merged projections' parts), each scanned as above: the outer dims walked with
+// their own strides. PyTorch's isfinite().all() took 25 us for a 1x1024x256 half of a linear's output.
+template <typename Bits>
+bool any_nonfinite_rows(const at::Tensor& t) {
+  const int64_t row = t.size(-1), rows = t.numel() / row, outer_dims = t.dim() - 1;
+  const Bits* base = static_cast<const Bits*>(t.const_data_ptr());
+  auto row_start = [&](int64_t r) {
+    int64_t offset = 0;
+    for (int64_t d = outer_dims - 1; d >= 0; --d) {
+      offset += (r % t.size(d)) * t.stride(d);
+      r /= t.size(d);
+    }
+    return base + offset;
+  };
+  std::atomic<bool> found{false};
+  at::parallel_for(0, rows, std::max<int64_t>(1, 64 * 1024 / row), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end && !found.load(std::memory_order_relaxed); ++r)
+      if (any_nonfinite(row_start(r), row)) found.store(true, std::memory_order_relaxed);
+  });
+  return found.load();
+}
+
 bool all_finite(const at::Tensor& t) {
   if (is_llga_tensor(t) || !at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
   const DtypeTraits* dtype = dtype_traits(t.scalar_type());
-  if (t.is_non_overlapping_and_dense() && dtype) {  // the scan's two bit layouts (any_nonfinite_in)
-    if (dtype->exponent_mask == 0x7f800000u)  // fp32
-      return !any_nonfinite_parallel(static_cast<const uint32_t*>(t.const_data_ptr()), t.numel());
-    if (dtype->exponent_mask == 0x7f80u)  // bf16
-      return !any_nonfinite_parallel(static_cast<const uint16_t*>(t.const_data_ptr()), t.numel());
+  if (dtype && (dtype->exponent_mask == 0x7f800000u || dtype->exponent_mask == 0x7f80u)) {  // fp32, bf16
+    bool fp32 = dtype->exponent_mask == 0x7f800000u;
+    if (t.is_non_overlapping_and_dense())  // the scan's two bit layouts (any_nonfinite_in)
+      return fp32 ? !any_nonfinite_parallel(static_cast<const uint32_t*>(t.const_data_ptr()), t.numel())
+                  : !any_nonfinite_parallel(static_cast<const uint16_t*>(t.const_data_ptr()), t.numel());
+    if (t.dim() >= 2 && t.stride(-1) == 1 && t.numel() > 0)
+      return fp32 ? !any_nonfinite_rows<uint32_t>(t) : !any_nonfinite_rows<uint16_t>(t);
   }
   return at::isfinite(t).all().item<bool>();
 }
