@@ -192,7 +192,10 @@ def page(command, code, rows, skipped, compiled, size):
         + (' through `torch.compile(backend="torch_llga")`' if compiled else "")
         + " and compared with eager: rtol 1e-4, atol 1e-4 x max |output|; a pass also needs no guard failure and "
         f"no kernel fallback on a repeat call. Vision models take one {size}x{size} image"
-        + (" (vit_b_16 224x224)" if size != 224 else "") + ", transformers 128 tokens. Columns: "
+        + (" (vit_b_16 224x224)" if size != 224 else "") + ", transformers 128 tokens; the models past classifiers "
+        "(segmentation at 256x256, detection backbone + FPN + heads at 320x320, a diffusion UNet on a 32x32 latent "
+        "with 16 text tokens, Whisper's encoder on 3,000 frames, T5's encoder on 128 tokens) come from "
+        "`torch_llga.bench_models` as the benchmark builds them. Columns: "
         + ("the fused partitions one call executed, over all of Dynamo's graphs; the largest difference to eager and "
            "the largest output (the ops columns come from the TorchScript path only)" if compiled else
            "fusion groups in the optimized graph; aten ops fused inside groups / all ops of the optimized graph; the "
