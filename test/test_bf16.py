@@ -126,3 +126,35 @@ def test_bf16_layer_norm_with_one_constant_parameter_stays_as_it_was():
     x, b = torch.randn(2, 16, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
     fused = check(f, x, b, groups=[], **BF16)
     assert "layer_norm" in fused.unfused
+
+
+conv1d = nn.Conv1d(4, 8, 3, padding=1).requires_grad_(False)
+upconv = nn.ConvTranspose2d(4, 8, 2, stride=2).requires_grad_(False)
+prelu = nn.PReLU(8).requires_grad_(False)
+
+
+@requires_bf16_kernels
+@pytest.mark.usefixtures("all_partitions")
+@pytest.mark.parametrize("ops,fn,shape", [
+    (["_convolution"], lambda a: upconv(a), (1, 4, 8, 8)),
+    (["upsample_nearest2d"], lambda a: torch.nn.functional.interpolate(a, scale_factor=2), (1, 4, 8, 8)),
+    (["upsample_bilinear2d"], lambda a: torch.nn.functional.interpolate(a, scale_factor=2, mode="bilinear"), (1, 4, 8, 8)),
+    (["mean"], lambda a: a.mean((2, 3), keepdim=True), (2, 4, 8, 8)),
+    (["amax"], lambda a: a.amax(-1), (2, 4, 16)),
+    (["prelu"], lambda a: prelu(a), (2, 8, 6, 6)),
+    (["softplus"], lambda a: torch.nn.functional.softplus(a), (2, 8, 16)),
+    (["maximum"], lambda a: torch.maximum(a, a.flip(-1)), (2, 8, 16)),
+    (["max_pool1d"], lambda a: torch.nn.functional.max_pool1d(conv1d(a), 2), (2, 4, 16)),
+])
+def test_new_ops_in_bf16(ops, fn, shape):
+    # The ops past classifiers in bf16 (fp32 in test_ops.py); 1-D pooling after the conv that feeds it.
+    x = torch.randn(*shape).to(torch.bfloat16)
+    module = lambda a: fn(a)  # noqa: E731
+    for m in (conv1d, upconv, prelu):
+        m.to(torch.bfloat16)
+    try:
+        fused = check(module, x, **BF16, groups=SOME)
+        assert ops in fused.groups, fused.groups
+    finally:
+        for m in (conv1d, upconv, prelu):
+            m.to(torch.float32)

@@ -306,6 +306,17 @@ def test_global_avg_pool():
     check(lambda a: F.adaptive_avg_pool2d(a, 1), torch.randn(2, 4, 7, 7), groups=[["adaptive_avg_pool2d"]])
 
 
+@pytest.mark.parametrize("size", [(7, 7), (2, 3), 4])
+def test_adaptive_avg_pool_to_a_divisor(size):
+    # Even windows (the output size divides the input's): an average pool; VGG's and AlexNet's heads.
+    check(lambda a: F.adaptive_avg_pool2d(a, size), torch.randn(2, 4, 8, 12) if size != (7, 7) else torch.randn(1, 4, 7, 7),
+          groups=[["adaptive_avg_pool2d"]])
+
+
+def test_adaptive_avg_pool_to_uneven_windows_stays_in_pytorch():
+    assert check(lambda a: F.adaptive_avg_pool2d(a, 3), torch.randn(1, 4, 7, 7), groups=[]).unfused == ["adaptive_avg_pool2d"]
+
+
 @pytest.mark.parametrize("model,inp", [
     (torch.nn.ConvTranspose2d(4, 8, 3), torch.randn(1, 4, 9, 9)),
     (torch.nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1), torch.randn(2, 4, 9, 9)),

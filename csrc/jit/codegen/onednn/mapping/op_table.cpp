@@ -331,17 +331,21 @@ bool avg_pool(const Node* n, OpSpec& s) {
   return true;
 }
 
-// adaptive_avg_pool2d to 1x1 is an average pool with the input's H x W as kernel. (Not ReduceMean:
-// v3.2 reduces a channels-last or blocked input, a convolution's output, with its reference kernel,
-// 2 ms for one of MobileNetV3's.) The kernel is the profiled size: other sizes run unfused.
-bool global_avg_pool(const Node* n, OpSpec& s) {
-  auto out = ints_arg(n, 1);
-  if (rank(n->input(0)) != 4 || !out || *out != Ints{1, 1}) return false;
-  if (!quirks::enabled("global_avg_pool_as_avg_pool"))  // a mean over H and W
+// adaptive_avg_pool2d is an average pool where the output size divides the input's: PyTorch's
+// windows are then [i * k, (i + 1) * k), kernel and stride k = in / out (to 1x1: the whole input;
+// not ReduceMean: v3.2 reduced a convolution's channels-last or blocked output with its reference
+// kernel, 2 ms for one of MobileNetV3's). The kernel is the profiled size: other sizes run unfused.
+bool adaptive_avg_pool(const Node* n, OpSpec& s) {
+  auto out = spatial(ints_arg(n, 1), 2);
+  if (rank(n->input(0)) != 4 || !out) return false;
+  if (*out == Ints{1, 1} && !quirks::enabled("global_avg_pool_as_avg_pool"))  // a mean over H and W
     return s.kind = K::ReduceMean, s.in(n->input(0)).attr(A::axes, Ints{2, 3}).attr(A::keep_dims, true), true;
   Ints in = sizes(n->input(0));
+  if ((*out)[0] < 1 || (*out)[1] < 1 || in[2] % (*out)[0] || in[3] % (*out)[1])
+    return s.refuse("adaptive average pooling to a size that does not divide the input's (uneven windows)");
+  Ints k{in[2] / (*out)[0], in[3] / (*out)[1]};
   s.shape_specific = true;
-  s.in(n->input(0)).attr(A::kernel, Ints{in[2], in[3]}).attr(A::strides, Ints{1, 1}).attr(A::pads_begin, Ints{0, 0})
+  s.in(n->input(0)).attr(A::kernel, k).attr(A::strides, k).attr(A::pads_begin, Ints{0, 0})
       .attr(A::pads_end, Ints{0, 0}).attr(A::exclude_pad, false).attr(A::rounding_type, std::string("floor"))
       .attr(A::data_format, std::string("NCX"));
   return true;
@@ -595,7 +599,7 @@ const std::vector<OpEntry>& op_table() {
        K::AvgPool, kWorthAlone | kPooling, avg_pool<2>},
       {"aten::avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
        K::AvgPool, kWorthAlone | kPooling, avg_pool<3>},
-      {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::AvgPool, kWorthAlone | kPooling, global_avg_pool},
+      {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::AvgPool, kWorthAlone | kPooling, adaptive_avg_pool},
       // reductions and resampling
       {"aten::mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", K::ReduceMean, kKeepsNaN | kReduction, reduce},
       {"aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", K::ReduceSum, kKeepsNaN | kReduction, reduce},
