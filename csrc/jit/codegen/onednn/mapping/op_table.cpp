@@ -373,7 +373,8 @@ bool reduce(const Node* n, OpSpec& s) {
 }
 
 // F.interpolate's upsample_*.vec(input, output_size, [align_corners,] scale_factors). Linear modes:
-// PyTorch's source coordinate is oneDNN's (half_pixel, clamped at the border) where its scale is in / out: given by output_size, or by whole scale factors. Nearest: PyTorch reads
+// PyTorch's source coordinate is oneDNN's (half_pixel, clamped at the border) where its scale is
+// in / out: given by output_size, or by whole scale factors. Nearest: PyTorch reads
 // floor(dst * in / out), oneDNN round((dst + 0.5) * in / out - 0.5): the same where out is a whole
 // multiple of in.
 template <size_t Dims>
