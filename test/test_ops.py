@@ -278,13 +278,34 @@ def test_pool1d(op, fn):
 
 
 @pytest.mark.parametrize("fn,inp", [
-    (lambda a: F.max_pool1d(a, 3, 2, 1), torch.randn(2, 4, 20)),
-    (lambda a: F.avg_pool3d(a, 2), torch.randn(1, 4, 6, 6, 6)),
+    (lambda a: F.max_pool1d(torch.sin(a), 3, 2, 1), torch.randn(2, 4, 20)),
+    (lambda a: F.avg_pool3d(torch.sin(a), 2), torch.randn(1, 4, 6, 6, 6)),
 ])
 def test_pooling_1d_3d_of_a_plain_input_stays_in_pytorch(fn, inp):
     # oneDNN pools a plain ncw/ncdhw input with a slow kernel, and copying it channels-last first
-    # costs more than PyTorch's pooling (quirk pooling_reads_channels_last).
-    assert check(fn, inp, groups=[]).unfused != []
+    # costs more than PyTorch's pooling (quirk pooling_reads_channels_last): a pooling of what an op
+    # PyTorch runs (sin) produces stays there.
+    fused = check(fn, inp, groups=[])
+    assert len(fused.unfused) == 2 and fused.unfused[0] == "sin"
+
+
+def test_pooling_1d_at_new_sizes_stays_fused():
+    # In its group's subgraph, judged again at new sizes, the pooling reads a group input.
+    fn = lambda a: F.max_pool1d(conv1d(a), 2)  # noqa: E731
+    fused = check(fn, torch.randn(2, 4, 20), groups=[["_convolution"], ["max_pool1d"]])
+    other = torch.randn(2, 4, 24)
+    before = torch_llga.stats()
+    torch.testing.assert_close(fused(other), fn(other), **FP32)
+    after = torch_llga.stats()
+    assert after["kernel_fallbacks"] == before["kernel_fallbacks"] and after["executions"] - before["executions"] == 2
+
+
+@pytest.mark.parametrize("shape,pool", [((2, 4, 20), lambda y: F.max_pool1d(y, 2)), ((1, 4, 4, 6, 6), lambda y: F.avg_pool3d(y, 2))])
+def test_pooling_of_a_plain_conv_output_is_copied_channels_last(shape, pool):
+    # The conv's output is a graph output as well: PyTorch gets it strided, and so does the pooling's
+    # group, which copies it channels-last (oneDNN's fast kernel) before pooling.
+    conv = conv1d if len(shape) == 3 else conv3d
+    check(lambda a: (pool(conv(a)), conv(a) * 1.0), torch.randn(*shape), groups=SOME)
 
 
 @pytest.mark.parametrize("fn", [
@@ -406,7 +427,32 @@ def test_interpolate_by_whole_factors_fuses_at_new_sizes():
     other = torch.randn(2, 4, 6, 3)
     before = torch_llga.stats()
     torch.testing.assert_close(fused(other), F.interpolate(other, scale_factor=2, mode="bilinear"), **FP32)
-    assert torch_llga.stats()["guard_failures"] == before["guard_failures"]
+    after = torch_llga.stats()
+    assert after["guard_failures"] == before["guard_failures"] and after["kernel_fallbacks"] == before["kernel_fallbacks"]
+    assert after["executions"] == before["executions"] + 1
+
+
+def test_bilinear_interpolate_keeps_eager_nan():
+    # At a whole source coordinate oneDNN reads one pixel where PyTorch weights a second one by 0: a
+    # NaN there is NaN in eager. The group's inputs are scanned (no kKeepsNaN), and such a call runs unfused.
+    fn = lambda a: F.interpolate(a, scale_factor=2, mode="bilinear")  # noqa: E731
+    fused = check(fn, torch.randn(1, 1, 4, 4), groups=[["upsample_bilinear2d"]])
+    bad = torch.randn(1, 1, 4, 4)
+    bad[0, 0, 0, 1] = float("nan")
+    torch.testing.assert_close(fused(bad), fn(bad), equal_nan=True, **FP32)
+
+
+def test_sizes_unprofiled_in_a_loop_stay_in_pytorch():
+    # A scripted loop runs sum/interpolate at two input sizes: their inputs' sizes are not profiled.
+    @torch.jit.script
+    def f(x):
+        out = torch.zeros(4)
+        for i in range(2):
+            out = out + x[:, :(i + 1) * 4].sum(-1)
+        return out
+
+    fused = check(f, torch.randn(4, 8), groups=SOME)
+    assert fused.unfused.count("sum") == 2
 
 
 @pytest.mark.parametrize("op,fn,inp", [
@@ -454,8 +500,9 @@ def test_softplus_with_a_low_threshold_stays_in_pytorch():
 
 
 def test_reciprocal_fuses_into_a_division():
-    # oneDNN forms no partition of a lone Reciprocal: only x * (1 / y).
+    # oneDNN forms no partition of a lone Reciprocal: only x * (1 / y). Signs, zeros (inf) alike.
     check(lambda a, b: a * torch.reciprocal(b), x, pos, groups=[["reciprocal", "mul"]])
+    check(lambda a, b: a * torch.reciprocal(b), x, torch.where(y.abs() < 0.1, 0.0, y), groups=[["reciprocal", "mul"]])
     assert check(torch.reciprocal, pos, groups=[]).unfused == ["reciprocal"]
 
 

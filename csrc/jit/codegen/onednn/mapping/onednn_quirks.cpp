@@ -665,14 +665,16 @@ bool pooling_reads_channels_last() {
 }
 
 // Even from channels-last, the copy there costs more than PyTorch's pooling of the plain input (max
-// pooling of 4x128x512: 0.55 ms against 0.12): a 1-D or 3-D pooling maps where a oneDNN op produces
-// its input (a convolution, whose output oneDNN keeps in its own layout), and the copy is for a
-// producer left unfused.
+// pooling of 4x128x512: 0.55 ms against 0.12): a 1-D or 3-D pooling of what an op PyTorch runs
+// produces stays in PyTorch. A graph input passes: in a group's subgraph (judged again at new sizes)
+// it is what another group, a convolution, produced in oneDNN's layout; a model input pooled first
+// thing is copied channels-last (the rare case the copy is for).
 bool pooling_of_a_plain_input(const Node* pool) {
   if (!pooling_reads_channels_last()) return false;
   auto t = pool->input(0)->type()->cast<TensorType>();
   if (!t || !t->dim() || (*t->dim() != 3 && *t->dim() != 5)) return false;
-  return !map_node(pool->input(0)->node());
+  const Node* producer = pool->input(0)->node();
+  return producer->kind() != c10::prim::Param && !map_node(producer);
 }
 
 bool copy_transposed_inputs() {

@@ -340,8 +340,8 @@ bool adaptive_avg_pool(const Node* n, OpSpec& s) {
   if (rank(n->input(0)) != 4 || !out) return false;
   if (*out == Ints{1, 1} && !quirks::enabled("global_avg_pool_as_avg_pool"))  // a mean over H and W
     return s.kind = K::ReduceMean, s.in(n->input(0)).attr(A::axes, Ints{2, 3}).attr(A::keep_dims, true), true;
-  Ints in = sizes(n->input(0));
-  if ((*out)[0] < 1 || (*out)[1] < 1 || in[2] % (*out)[0] || in[3] % (*out)[1])
+  Ints in = sizes(n->input(0));  // unprofiled (a loop's varying sizes): empty
+  if (in.size() != 4 || (*out)[0] < 1 || (*out)[1] < 1 || in[2] % (*out)[0] || in[3] % (*out)[1])
     return s.refuse("adaptive average pooling to a size that does not divide the input's (uneven windows)");
   Ints k{in[2] / (*out)[0], in[3] / (*out)[1]};
   s.shape_specific = true;
@@ -365,6 +365,7 @@ bool reduce(const Node* n, OpSpec& s) {
   if (quirks::reduction_of_outer_dims(axes, r))
     return s.refuse("a reduction over outer dims: oneDNN's reference kernel (quirk reduction_reads_plain)");
   Ints in = sizes(n->input(0));
+  if (static_cast<int64_t>(in.size()) != r) return false;  // not profiled
   int64_t reduced = 1;
   for (int64_t d : axes) reduced *= in[d];
   if (reduced == 1) return s.refuse("a reduction over size-1 dims only (a copy; oneDNN's reduction fails to run it)");
@@ -383,6 +384,7 @@ bool interpolate(const Node* n, OpSpec& s) {
   bool nearest = n->inputs().size() == 3;
   if (rank(n->input(0)) != static_cast<int64_t>(Dims) + 2) return false;
   Ints in = sizes(n->input(0)), out = sizes(n->output());
+  if (in.size() != Dims + 2 || out.size() != Dims + 2) return false;  // not profiled
   Ints in_sp(in.begin() + 2, in.end()), out_sp(out.begin() + 2, out.end());
   std::optional<bool> align_corners = nearest ? std::optional<bool>(false) : bool_arg(n, 2);
   Value* scales_arg = n->input(nearest ? 2 : 3);
@@ -601,7 +603,8 @@ const std::vector<OpEntry>& op_table() {
       {"aten::avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
        K::AvgPool, kWorthAlone | kPooling, avg_pool<3>},
       {"aten::adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor", K::AvgPool, kWorthAlone | kPooling, adaptive_avg_pool},
-      // reductions and resampling
+      // reductions and resampling (linear modes: at a whole source coordinate oneDNN reads one pixel,
+      // PyTorch two, the other weighted 0: NaN there is eager's, a number fused; no kKeepsNaN)
       {"aten::mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", K::ReduceMean, kKeepsNaN | kReduction, reduce},
       {"aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", K::ReduceSum, kKeepsNaN | kReduction, reduce},
       {"aten::amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor", K::ReduceMax, kNone | kReduction, reduce},
@@ -609,9 +612,9 @@ const std::vector<OpEntry>& op_table() {
       {"aten::upsample_nearest1d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<1>},
       {"aten::upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<2>},
       {"aten::upsample_nearest3d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<3>},
-      {"aten::upsample_linear1d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<1>},
-      {"aten::upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<2>},
-      {"aten::upsample_trilinear3d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone | kKeepsNaN, interpolate<3>},
+      {"aten::upsample_linear1d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone, interpolate<1>},
+      {"aten::upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone, interpolate<2>},
+      {"aten::upsample_trilinear3d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor", K::Interpolate, kWorthAlone, interpolate<3>},
       // binary (scalar operands become tensors in prepare_binary)
       {"aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Add, kKeepsNaN | kBinary | kAdditive | kStrideAgnostic, binary_alpha, PlanStep::kAdd},
       {"aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", K::Subtract, kKeepsNaN | kBinary | kAdditive | kStrideAgnostic, binary_alpha, PlanStep::kSub},

@@ -72,7 +72,9 @@ at::Tensor image_to_channels_last(const at::Tensor& t) {
 at::Tensor plain_to_channels_last(const at::Tensor& t) {
   if (!t.defined() || is_llga_tensor(t) || t.dim() < 3 || t.dim() > 5 || !t.is_contiguous() || !to_dnnl_dtype(t.scalar_type()))
     return t;
-  if (t.size(1) == 1) return t;  // one channel: the same memory either way
+  int64_t spatial = 1;
+  for (int64_t d = 2; d < t.dim(); ++d) spatial *= t.size(d);
+  if (t.size(1) == 1 || spatial == 1) return t;  // the same memory either way (and no tied strides)
   std::vector<int64_t> strides(t.dim());  // channels innermost, then the spatial dims, then the batch
   int64_t stride = t.size(1);
   strides[1] = 1;
