@@ -41,15 +41,6 @@ PACKAGE = {**dict.fromkeys(TORCHVISION, "torchvision"), **dict.fromkeys(TRANSFOR
 RTOL = 1e-4
 
 
-class FirstOutput(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args):
-        return self.model(*args)[0]
-
-
 def make(name, size):
     torch.manual_seed(0)
     if name in TRANSFORMERS:
@@ -57,7 +48,7 @@ def make(name, size):
 
         config = {"bert_base": (tf.BertConfig, tf.BertModel), "distilbert": (tf.DistilBertConfig, tf.DistilBertModel),
                   "gpt2": (tf.GPT2Config, tf.GPT2Model)}[name]
-        model = FirstOutput(config[1](config[0](return_dict=False, torchscript=True)))
+        model = bench_models.FirstOf(config[1](config[0](return_dict=False, torchscript=True)))
         return model.eval(), (torch.randint(0, 1000, (1, 128)),)
     if name in BEYOND:
         model, inputs = bench_models.BEYOND[name](1)

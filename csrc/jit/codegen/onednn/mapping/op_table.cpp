@@ -393,23 +393,17 @@ bool interpolate(const Node* n, OpSpec& s) {
   for (size_t i = 0; i < Dims; ++i)
     if (nearest && out_sp[i] % in_sp[i] != 0)
       return s.refuse("nearest resampling by other than whole upsampling factors: PyTorch picks other pixels");
-  std::vector<float> whole_scales;
-  if (auto sf = toIValue(scales_arg); sf && sf->isDoubleList()) {
-    for (double f : sf->toDoubleVector())
-      if (f >= 1 && f == std::floor(f)) whole_scales.push_back(static_cast<float>(f));
-    if (whole_scales.size() != Dims) {
-      // PyTorch scales by 1 / factor, oneDNN by in / out: the mapping holds where they agree.
-      auto factors = sf->toDoubleVector();
-      for (size_t i = 0; i < Dims && factors.size() == Dims; ++i)
-        if (static_cast<double>(in_sp[i]) * factors[i] != static_cast<double>(out_sp[i]))
-          return s.refuse("a scale factor that is not out / in: PyTorch samples by 1 / factor, oneDNN by in / out");
-      whole_scales.clear();
-    }
-  }
+  std::vector<double> factors;
+  if (auto sf = toIValue(scales_arg); sf && sf->isDoubleList()) factors = sf->toDoubleVector();
+  bool whole = factors.size() == Dims &&
+               std::all_of(factors.begin(), factors.end(), [](double f) { return f >= 1 && f == std::floor(f); });
+  for (size_t i = 0; i < Dims && factors.size() == Dims && !whole; ++i)  // PyTorch samples by 1 / factor
+    if (static_cast<double>(in_sp[i]) * factors[i] != static_cast<double>(out_sp[i]))
+      return s.refuse("a scale factor that is not out / in: PyTorch samples by 1 / factor, oneDNN by in / out");
   s.in(n->input(0)).attr(A::mode, std::string(nearest ? "nearest" : linear_modes[Dims]))
       .attr(A::coordinate_transformation_mode, std::string("half_pixel"))
       .attr(A::data_format, std::string("NCX"));
-  if (!whole_scales.empty()) return s.attr(A::scales, whole_scales), true;  // holds for every input size
+  if (whole) return s.attr(A::scales, std::vector<float>(factors.begin(), factors.end())), true;  // for every input size
   s.shape_specific = true;  // the profiled output size
   return s.attr(A::sizes, out_sp), true;
 }

@@ -40,7 +40,8 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
     auto read_by = [&](auto pred) { return std::any_of(v->uses().begin(), v->uses().end(), [&](const auto& u) { return pred(u.user); }); };
     inputs_[i].plain_only = binary_chain || (matmul_post_ops && read_by(is_binary_op)) ||
                             (quirks::reduction_reads_plain() && read_by([](const Node* n) { return in_family(n, kReduction); }));
-    auto rank = v->type()->cast<TensorType>() ? v->type()->cast<TensorType>()->dim() : std::nullopt;
+    auto type = v->type()->cast<TensorType>();
+    auto rank = type ? type->dim() : std::nullopt;
     inputs_[i].channels_last =
         quirks::pooling_reads_channels_last() && (rank == 3 || rank == 5) && read_by([](const Node* n) { return in_family(n, kPooling); });
   }

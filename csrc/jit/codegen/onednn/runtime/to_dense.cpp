@@ -52,6 +52,14 @@ std::shared_ptr<Reorder> compile_reorder(const logical_tensor& src, const std::v
   return r;
 }
 
+// One reorder of src's memory into out's (a compiled partition runs on one thread at a time).
+void execute(Reorder& r, void* src, void* out) {
+  dnnl::graph::tensor in(r.in, runtime::engine(), src);
+  dnnl::graph::tensor o(r.out, runtime::engine(), out);
+  std::lock_guard<std::mutex> lock(r.execute_mutex);
+  r.partition.execute(runtime::stream(), {in}, {o});
+}
+
 }  // namespace
 
 at::Tensor llga_to_dense(const at::Tensor& t) {
@@ -69,10 +77,7 @@ at::Tensor llga_to_dense(const at::Tensor& t) {
   for (auto s : dims) key.push_back(s);
   for (auto s : impl.layout_strides()) key.push_back(s);  // empty if opaque
   auto r = reorders().get(key, kCapacity, [&] { return compile_reorder(src, out.strides().vec()); });
-  dnnl::graph::tensor in(r->in, runtime::engine(), impl.data());
-  dnnl::graph::tensor o(r->out, runtime::engine(), out.data_ptr());
-  std::lock_guard<std::mutex> lock(r->execute_mutex);
-  r->partition.execute(runtime::stream(), {in}, {o});
+  execute(*r, impl.data(), out.data_ptr());
   return out;
 }
 
@@ -91,10 +96,7 @@ at::Tensor strided_copy(const at::Tensor& t, c10::IntArrayRef strides) {
   auto r = reorders().get(key, kCapacity, [&] {
     return compile_reorder(logical_tensor(0, *dtype, t.sizes().vec(), t.strides().vec()), strides.vec());
   });
-  dnnl::graph::tensor in(r->in, runtime::engine(), const_cast<void*>(t.const_data_ptr()));
-  dnnl::graph::tensor o(r->out, runtime::engine(), out.data_ptr());
-  std::lock_guard<std::mutex> lock(r->execute_mutex);
-  r->partition.execute(runtime::stream(), {in}, {o});
+  execute(*r, const_cast<void*>(t.const_data_ptr()), out.data_ptr());
   return out;
 }
 
