@@ -218,8 +218,9 @@ def test_int8_weights_without_vnni_run_in_fp32():
 
 @pytest.mark.parametrize("weight_qscheme", [torch.per_channel_affine, torch.per_tensor_affine])
 def test_asymmetric_weights_stay_fp32(weight_qscheme):
-    # oneDNN's int8 kernels take symmetric weights only: a weight with zero points is dequantized by
-    # PyTorch and the linear runs in fp32 (no int8 pattern), still correct.
+    # oneDNN's int8 kernels take symmetric weights only: a weight with zero points is dequantized
+    # once, when the graph is prepared, into an fp32 constant, and the linear runs fused in fp32
+    # (no int8 pattern), still correct; PyTorch dequantizes no weight on each call.
     observer = PerChannelMinMaxObserver if weight_qscheme == torch.per_channel_affine else MinMaxObserver
     qconfig = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8),
                       weight=observer.with_args(dtype=torch.qint8, qscheme=weight_qscheme))
@@ -230,14 +231,23 @@ def test_asymmetric_weights_stay_fp32(weight_qscheme):
         torch.testing.assert_close(fused(x), ref(x), **within_steps(ref, 1))
 
     groups = fused.graph.findAllNodes("llga::FusionGroup", True)
-    in_groups = [zp for g in groups for zp in weight_zero_points(g.g("Subgraph"))]
-    in_pytorch = weight_zero_points(fused.graph)
-    assert all(zp.eq(0).all() for zp in in_groups)  # symmetric weights only in oneDNN
-    assert in_pytorch
-    if CPU["int8_vnni"]:
-        assert all(zp.ne(0).any() for zp in in_pytorch)  # the others in PyTorch
-    else:
-        assert not in_groups  # without VNNI every int8 weight stays in PyTorch
+    assert not [zp for g in groups for zp in weight_zero_points(g.g("Subgraph"))]  # no int8 weight in oneDNN
+    assert not weight_zero_points(fused.graph)  # nor one PyTorch dequantizes on every call
+    assert sum(g.count("linear") for g in fused.groups) == 3
+
+
+def test_dequantized_input_of_an_fp32_weight_conv():
+    # Asymmetric per-channel conv weights: oneDNN takes them in fp32 only (folded once to fp32
+    # constants). Its partitioning then crashed on dequantize(src) -> conv(fp32 weights), the
+    # weights having no producer op (quirk dequantized_src_of_fp32_conv): that dequantize stays in
+    # PyTorch and the conv runs fused in fp32.
+    qconfig = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8),
+                      weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_channel_affine))
+    x = torch.randn(2, 3, 16, 16)
+    ref = quantized(SmallCNN(), x, QConfigMapping().set_global(qconfig))
+    fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
+    assert sum(g.count("_convolution") for g in fused.groups) == 2
+    assert not weight_zero_points(fused.graph)
 
 
 @requires_int8_kernels

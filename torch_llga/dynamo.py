@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from . import _C
+from . import _C, _pt2e
 
 _warned = set()
 traced_scripts = 0  # scripts traced and frozen here, all graphs (torch_llga.stats()["compile_scripts"])
@@ -177,6 +177,8 @@ class _FxScripts:
         self.gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the caller keeps its graph
         self.numbers_out = _numbers_out(self.gm.graph) if output_spec is None else None
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        state = {n for n, r in zip(placeholders, roles) if r[0] == "state"}
+        _pt2e.lower(self.gm.graph, lambda n: n in state or getattr(n, "op", None) == "get_attr")
         written = _written_in_place(self.gm.graph)
         self.writes_inputs = any(n in written for n, r in zip(placeholders, roles) if r[0] == "tensor")
         stray, read = _follow_sizes(self.gm.graph, roles)

@@ -97,6 +97,10 @@ constexpr Quirk kQuirks[] = {
      "Without VNNI, int8 matmuls add pairs of u8 x s8 products in saturating 16-bit integers: wrong values.",
      "3.11.2 3.12.0 3.13.3", "", "test/test_int8.py::test_int8_weights_without_vnni_run_in_fp32",
      "int8_without_vnni (op_table.cpp)", ""},
+    {"dequantized_src_of_fp32_conv",
+     "A convolution whose src comes from a Dequantize and whose weights from no op crashes oneDNN's partitioning.",
+     "3.12.0", "", "test/test_int8.py::test_dequantized_input_of_an_fp32_weight_conv",
+     "dequantized_src_of_fp32_conv (op_table.cpp)", ""},
     {"dilated_unit_kernel",
      "A convolution with a size-1 kernel dim dilated (bf16; grouped fp32 on AVX2) segfaults in its brgemm kernel.",
      "3.11.2 3.12.0", "",
@@ -727,6 +731,17 @@ bool one_channel_unit_width_conv(const Node* conv, const std::vector<int64_t>& s
 // stay PyTorch's (dequantized there): the conv or matmul runs in fp32, right, and still fused.
 bool int8_without_vnni() {
   static const bool on = active("int8_without_vnni") && !llga::onednn::cpu().int8_vnni;
+  return on;
+}
+
+// oneDNN's conv patterns check each input's producer for an f8 Dequantize
+// (check_f8_conv_with_no_scale_and_zp) and stop at the first that is not a Dequantize; with a
+// Dequantize feeding the src, they go on to the weights' producer, which a weight given as an input
+// of the partition does not have: a null dereference, a segfault in get_partitions. Reached by an
+// int8 model whose weights oneDNN does not take as int8 (no VNNI, zero points: fp32 constants,
+// prepare_quantization.cpp): the src's dequantize then stays in PyTorch.
+bool dequantized_src_of_fp32_conv() {
+  static const bool on = active("dequantized_src_of_fp32_conv");
   return on;
 }
 

@@ -61,6 +61,7 @@ bool reduction_of_outer_dims(const std::vector<int64_t>& axes, int64_t rank);
 // op_table.cpp: int8 weights stay PyTorch's (the conv or matmul then runs in fp32) on a CPU whose
 // oneDNN kernels lack VNNI: their u8 x s8 products saturate in 16-bit pairs.
 bool int8_without_vnni();
+bool dequantized_src_of_fp32_conv();  // op_table.cpp: a Dequantize feeding a conv whose weights no op makes
 
 // op_table.cpp: a convolution's dilation is 1 along its size-1 kernel dims (the same convolution).
 bool dilated_unit_kernel();

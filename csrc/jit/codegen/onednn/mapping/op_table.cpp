@@ -520,12 +520,26 @@ bool dequantize_weight(const at::Tensor& w, OpSpec& s) {
   return true;
 }
 
+// A conv reading `v` as its src whose weights are no dequantize (fp32: quirk dequantized_src_of_fp32_conv).
+bool src_of_fp32_conv(const Value* v) {
+  for (const auto& use : v->uses()) {
+    const Node* conv = use.user;
+    if (use.offset == 0 && onednn_kind(conv) == K::Convolution && conv->inputs().size() > 1 &&
+        onednn_kind(conv->input(1)->node()) != K::Dequantize)
+      return true;
+  }
+  return false;
+}
+
 bool dequantize(const Node* n, OpSpec& s) {
   if (!has_dtype(n->output(), c10::kFloat)) return false;
   if (!has_dtype(n->input(0), c10::kQUInt8) && !has_dtype(n->input(0), c10::kQInt8)) return false;
   s.in(n->input(0));
-  if (n->hasAttribute(kQuantScale) && n->hasAttribute(kQuantZeroPoint))  // recorded by PrepareQuantization
+  if (n->hasAttribute(kQuantScale) && n->hasAttribute(kQuantZeroPoint)) {  // recorded by PrepareQuantization
+    if (quirks::dequantized_src_of_fp32_conv() && src_of_fp32_conv(n->output()))
+      return s.refuse("the input of a conv with fp32 weights: crashes oneDNN's partitioning (quirk dequantized_src_of_fp32_conv)");
     return per_tensor(s, n->f(kQuantScale), n->i(kQuantZeroPoint));
+  }
   auto c = toIValue(n->input(0));
   return c && c->isTensor() && dequantize_weight(c->toTensor(), s);
 }

@@ -168,11 +168,32 @@ void record_params_and_split(torch::jit::Block* block) {
   }
 }
 
+// dequantize(constant int8 weight) that oneDNN does not take as an int8 weight (no VNNI:
+// quirks::int8_without_vnni; zero points; per-channel along another axis): the conv or matmul runs
+// in fp32. Left in the graph, PyTorch would dequantize the whole weight on every call (ResNet-18:
+// 11M values); folded here once into an fp32 constant, the weight is oneDNN's cached constant.
+bool fold_fp32_weights(torch::jit::Block* block) {
+  bool folded_any = false;
+  for (Node* n : block->nodes()) {
+    for (auto* b : n->blocks()) folded_any |= fold_fp32_weights(b);
+    if (onednn_kind(n) != op::kind::Dequantize || n->inputs().size() != 1 || map_node(n)) continue;
+    auto w = torch::jit::toIValue(n->input(0));
+    if (!w || !w->isTensor() || !w->toTensor().is_quantized()) continue;
+    torch::jit::WithInsertPoint point(n);
+    Value* fp32 = block->owningGraph()->insertConstant(w->toTensor().dequantize());
+    fp32->setType(TensorType::create(w->toTensor().dequantize()));
+    n->output()->replaceAllUsesWith(fp32);
+    folded_any = true;  // the dequantize and the int8 constant go with dead code elimination
+  }
+  return folded_any;
+}
+
 }  // namespace
 
 void PrepareQuantization(std::shared_ptr<Graph>& g) {
   if (!keep_every_requantization()) elide_requantization(g->block());
   bool folded = fold_requantized_clamps(g->block());
+  folded |= fold_fp32_weights(g->block());
   if (fold_int8_adds(g->block()) || folded) torch::jit::EliminateDeadCode(g);
   record_params_and_split(g->block());
   GRAPH_DUMP("After PrepareQuantization", g);

@@ -1,0 +1,169 @@
+"""int8 the way PyTorch documents it now: torchao's PT2E flow (torch.export -> prepare_pt2e with
+X86InductorQuantizer -> calibrate -> convert_pt2e), run through torch.compile(backend="torch_llga")
+and torch_llga.compile(torch.export.export(...)). torch_llga/_pt2e.py rewrites PT2E's
+quantized_decomposed ops as the quantized tensors the int8 path reads (test_int8.py: FX's flow).
+
+Tolerance. The X86 quantizer leaves a model's output in fp32 (its last linear's output is not
+quantized), so the output step of test_int8.py does not exist; what can differ is the input of that
+last linear, in steps of its quantize scale (an int8 kernel sums exactly and rounds once, the
+reference rounds fp32 sums: values at a rounding boundary flip, FX's ResNet-18 measured 0-2 steps).
+n such steps move an output by at most n * scale * (the L1 norm of its weight row).
+"""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_llga
+from conftest import CPU, requires_int8_kernels
+from resnet import resnet18
+
+pytest.importorskip("torchao")
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: E402
+from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def pt2e(model, example, **config):
+    """The PT2E reference: exported, prepared with the X86 quantizer, calibrated, converted."""
+    # strict: non-strict export of a module that reuses one ReLU (torchvision's BasicBlock) gives a
+    # graph X86InductorQuantizer rejects ("Input partition has more than one output node").
+    exported = torch.export.export(model.eval(), (example,), strict=True).module()
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config(**config))
+    prepared = prepare_pt2e(exported, quantizer)
+    with torch.no_grad():
+        for _ in range(4):
+            prepared(torch.randn_like(example))
+    return convert_pt2e(prepared)
+
+
+def last_linear_tolerance(reference, steps):
+    """atol for `steps` steps of the last linear's quantized input (see the module's note)."""
+    nodes = list(reference.graph.nodes)
+    linear = [n for n in nodes if n.target is torch.ops.aten.linear.default][-1]
+    dequantize = linear.args[0]  # dequantize_per_tensor(quantize_per_tensor(x, scale, ...), scale, ...)
+    scale = dequantize.args[1]
+    weight = linear.args[1]  # dequantize_per_channel(int8, scales, zero points, ...)
+    int8, scales = (getattr(reference, a.target) for a in weight.args[:2])
+    row_l1 = (int8.float() * scales[:, None]).abs().sum(1).max().item()
+    return dict(rtol=0, atol=steps * scale * row_l1 * 1.0001 + 1e-6)
+
+
+def groups_of(graph):
+    return sorted(sorted(n.kind().split("::")[1] for n in g.g("Subgraph").nodes() if n.kind() != "prim::Constant")
+                  for g in graph.findAllNodes("llga::FusionGroup", True))
+
+
+def left_in_pytorch(graph):
+    return sorted(n.kind() for n in graph.nodes() if n.kind().split("::")[0] in ("aten", "quantized_decomposed"))
+
+
+def warm(compiled, x):
+    """Compile, profiling run, fused run: the fused run's output and its optimized graph."""
+    with torch.no_grad():
+        compiled(x), compiled(x)
+        before = torch_llga.stats()["executions"]
+        out = compiled(x)
+        assert torch_llga.stats()["executions"] > before
+    return out, torch.jit.last_executed_optimized_graph()
+
+
+class TinyEncoder(nn.Module):
+    """A transformer encoder layer written out (projections, attention, GELU MLP, two layer norms)."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.head = nn.Linear(d, 8)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        split = lambda t: t.view(b, s, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        attention = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1) @ v
+        x = self.ln1(x + self.o(attention.transpose(1, 2).reshape(b, s, d)))
+        x = self.ln2(x + self.fc2(F.gelu(self.fc1(x))))
+        return self.head(x)
+
+
+def test_pt2e_quantize_ops_become_quantized_tensors():
+    # Every quantize/dequantize of the X86 quantizer's default config (u8 activations, symmetric
+    # per-channel s8 weights) is rewritten; with VNNI each one lands in an int8 group, without it the
+    # weights are fp32 constants (test_int8.py::test_int8_weights_without_vnni_run_in_fp32).
+    x = torch.randn(1, 3, 32, 32)
+    reference = pt2e(resnet18(), x)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    assert not [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed")]
+    convs = sum(g.count("_convolution") for g in groups_of(graph))
+    assert convs == 20  # every conv fused
+
+
+@requires_int8_kernels
+def test_pt2e_resnet18_runs_int8_kernels():
+    x = torch.randn(1, 3, 32, 32)
+    reference = pt2e(resnet18(), x)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    groups = groups_of(graph)
+    # conv (+ residual add) + relu, int8 in and out: the quantizer annotates conv-add-relu as one
+    # pattern, so the residual add is a post-op of the conv's int8 kernel, as in Inductor.
+    assert sum(g.count("_convolution") for g in groups) == 20
+    assert sum(g.count("add") for g in groups) == 8
+    assert ["dequantize", "dequantize", "linear"] in groups  # int8 in, fp32 logits out
+    for g in groups:
+        assert g == ["dequantize", "dequantize", "linear"] or ("dequantize" in g and "quantize_per_tensor" in g), g
+    # Left to PyTorch: the input's quantize, and the flatten between the pool's and the linear's
+    # int8 groups with its dequantize and quantize.
+    assert left_in_pytorch(graph) == ["aten::dequantize", "aten::flatten", "aten::quantize_per_tensor",
+                                      "aten::quantize_per_tensor"], left_in_pytorch(graph)
+
+
+@requires_int8_kernels
+def test_pt2e_encoder_linears_run_int8():
+    x = torch.randn(2, 16, 64)
+    reference = pt2e(TinyEncoder(), x)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    int8_linears = [g for g in groups_of(graph) if "linear" in g and "dequantize" in g]
+    assert sum(g.count("linear") for g in int8_linears) == 7
+
+
+def test_pt2e_through_torch_export():
+    # The converted model exported again and run by torch_llga.compile: the same rewrite.
+    x = torch.randn(2, 16, 64)
+    reference = pt2e(TinyEncoder(), x)
+    compiled = torch_llga.compile(torch.export.export(reference, (x,)))
+    out, graph = warm(compiled, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    assert not [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed")]
+    assert sum(g.count("linear") for g in groups_of(graph)) == 7
+
+
+@pytest.mark.parametrize("config", [dict(is_dynamic=True), dict(reduce_range=True)], ids=["dynamic", "reduce_range"])
+def test_pt2e_forms_kept_in_pytorch_stay_right(config):
+    # Runtime scales (dynamic quantization) and 7-bit activations (reduce_range: a quantized tensor
+    # would clamp at 255, not 127) are not quantized tensors: those ops stay PyTorch's, as PT2E wrote
+    # them, and the result is the reference's.
+    x = torch.randn(2, 16, 64)
+    reference = pt2e(TinyEncoder(), x, **config)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    with torch.no_grad():
+        expected = reference(x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed::quantize_per_tensor")]

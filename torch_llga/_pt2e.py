@@ -1,0 +1,84 @@
+"""Graphs quantized with the PT2E flow (torchao's prepare_pt2e / convert_pt2e, X86InductorQuantizer)
+in the form the fuser's int8 path reads: quantized tensors.
+
+PT2E writes quantization as `quantized_decomposed` ops on plain uint8/int8 tensors. Left as they
+are, TorchScript's freezing folds each weight's dequantize_per_channel into an fp32 constant and the
+activations' quantize/dequantize stay outside the partitions: fp32 kernels between PyTorch's
+quantize ops, slower than the fp32 model. Rewritten as torch.quantize_per_tensor / dequantize and a
+per-channel quantized weight constant, the graph is the one PyTorch's FX flow produces, which the
+op table maps to oneDNN's int8 kernels (dequantize -> conv/matmul -> post-ops -> quantize).
+
+Only what means the same is rewritten: a quantize or dequantize over the dtype's full range (a
+reduced range, 0..127, clamps where a quantized tensor does not), a weight dequantized from
+constants. Anything else (dynamic quantization's runtime scales, out_dtype=bfloat16) stays as PT2E
+wrote it and runs in PyTorch, right and unfused.
+"""
+import torch
+import torch.fx
+
+# dtype -> (quant_min, quant_max, the quantized dtype of that full range)
+_FULL_RANGE = {torch.uint8: (0, 255, torch.quint8), torch.int8: (-128, 127, torch.qint8)}
+
+
+def _is(node, name):
+    """Does `node` call quantized_decomposed::<name> (its default overload: scale and zero point as numbers)?"""
+    target = node.target
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+            and target.namespace == "quantized_decomposed" and target._overloadname == "default"
+            and target._schema.name == f"quantized_decomposed::{name}")
+
+
+def _params(node):
+    """(scale, zero point, quant_min, quant_max, dtype) of a per-tensor quantize/dequantize, or None
+    when they are not constants or out_dtype asks for another float than fp32."""
+    if node.kwargs.get("out_dtype") not in (None, torch.float32):
+        return None
+    scale, zero_point, quant_min, quant_max, dtype = node.args[1:6]
+    if not (isinstance(scale, float) and isinstance(zero_point, int)):
+        return None
+    return scale, zero_point, quant_min, quant_max, dtype
+
+
+def _full_range(quant_min, quant_max, dtype):
+    return dtype in _FULL_RANGE and _FULL_RANGE[dtype][:2] == (quant_min, quant_max)
+
+
+def lower(graph, is_constant):
+    """Rewrites `graph`'s PT2E quantization as quantized tensors (see the module's note).
+    is_constant(node): is this node a constant of the graph (a frozen state input)? Returns the
+    number of ops rewritten."""
+    rewritten = 0
+    for node in list(graph.nodes):
+        if _is(node, "quantize_per_tensor") and _params(node) and _full_range(*_params(node)[2:]):
+            params = _params(node)
+            scale, zero_point, _, _, dtype = params
+            with graph.inserting_after(node):
+                quantized = graph.call_function(torch.quantize_per_tensor,
+                                                (node.args[0], scale, zero_point, _FULL_RANGE[dtype][2]))
+            for user in list(node.users):
+                with graph.inserting_before(user):
+                    if _is(user, "dequantize_per_tensor") and _params(user) == params and user.args[0] is node:
+                        user.replace_all_uses_with(graph.call_method("dequantize", (quantized,)))
+                        graph.erase_node(user)
+                    else:  # a reader of the integers themselves
+                        ints = graph.call_method("int_repr", (quantized,))
+                        user.replace_input_with(node, ints)
+            graph.erase_node(node)
+            rewritten += 1
+        elif _is(node, "dequantize_per_channel") and node.kwargs.get("out_dtype") in (None, torch.float32):
+            weight, scales, zero_points, axis, quant_min, quant_max, dtype = node.args[:7]
+            if not (_full_range(quant_min, quant_max, dtype) and is_constant(weight) and is_constant(scales)
+                    and (zero_points is None or is_constant(zero_points))):
+                continue
+            with graph.inserting_before(node):
+                if zero_points is None:
+                    zero_points = graph.call_function(torch.zeros_like, (scales,), {"dtype": torch.int64})
+                scales = graph.call_method("double", (scales,))
+                quantized = graph.call_function(torch._make_per_channel_quantized_tensor,
+                                                (weight, scales, zero_points, axis))
+                node.replace_all_uses_with(graph.call_method("dequantize", (quantized,)))
+            graph.erase_node(node)
+            rewritten += 1
+    if rewritten:
+        graph.lint()
+    return rewritten
