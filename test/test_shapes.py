@@ -105,6 +105,33 @@ def test_shape_specific_group_falls_back():
     assert delta(before, after, "kernel_fallbacks") == 0
 
 
+class PooledHead(nn.Module):
+    """A classifier's tail: conv, ReLU, max-pool with ceil_mode, an adaptive average pool to 2x2
+    (both mapped for their input's spatial sizes only), flatten, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8 * 2 * 2, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.conv(x)), 3, 2, ceil_mode=True)
+        return self.fc(nn.functional.adaptive_avg_pool2d(x, 2).flatten(1))
+
+
+def test_spatial_size_specific_groups_compile_other_batch_sizes():
+    # A server pads batches to a few sizes and warms each up: a group whose pooling was mapped for
+    # the profiled H and W compiles for another batch size as any group does (no guard fallback);
+    # another H or W takes the fallback, still right.
+    model = PooledHead().eval()
+    fused = check(model, torch.randn(1, 3, 16, 16), groups=SOME)
+    assert any("adaptive_avg_pool2d" in g for g in fused.groups) and any("max_pool2d" in g for g in fused.groups)
+    before, after = calls_match_eager(model, fused, [torch.randn(b, 3, 16, 16) for b in (2, 8, 3)])
+    assert delta(before, after, "guard_failures") == 0
+    assert delta(before, after, "executions") == 2 * 3 * len(fused.groups)
+    before, after = calls_match_eager(model, fused, [torch.randn(2, 3, 20, 20)])
+    assert delta(before, after, "guard_failures") > 0
+
+
 @pytest.mark.parametrize("capacity", [64, 8])
 def test_fifty_sizes_in_random_order(capacity):
     """50 batch sizes and sequence lengths, shuffled, twice over: every result equals eager; the

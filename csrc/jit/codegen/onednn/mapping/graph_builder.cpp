@@ -139,7 +139,7 @@ BuiltGraph build_graph(Block* block, const BuildOptions& opts) {
     try {
       g.add_op(o);  // oneDNN validates the op here: a rejected op stays in PyTorch
       built.op_nodes[next_id++] = n;
-      if (spec->shape_specific) built.shape_specific.push_back(n);
+      if (spec->shape_specific) built.shape_specific.emplace_back(n, spec->spatial_only);
     } catch (const dnnl::error& e) {
       GRAPH_DEBUG("oneDNN rejected ", n->kind().toQualString(), " (", e.what(), "): left to PyTorch");
       built.rejected[n] = e.what();

@@ -26,7 +26,8 @@ struct BuiltGraph {
   std::vector<dnnl::graph::partition> partitions;
   std::unordered_map<size_t, Node*> op_nodes;  // oneDNN op id -> the JIT node it came from
   std::unordered_map<Node*, std::string> rejected;  // mapped nodes oneDNN refused, with its message
-  std::vector<Node*> shape_specific;  // mapped nodes whose mapping holds for the profiled sizes only
+  // Mapped nodes whose mapping holds for the profiled sizes only, and whether for their spatial ones only.
+  std::vector<std::pair<Node*, bool>> shape_specific;
   std::string failure;  // oneDNN's message when it could not partition the graph at all (no partitions)
   std::vector<Node*> nodes_of(const dnnl::graph::partition& p) const;
   // The one supported partition holding every mapped op, if that is what the graph formed

@@ -304,7 +304,7 @@ bool max_pool(const Node* n, OpSpec& s) {
   if (st && st->empty()) st = k;
   st = spatial(st, Dims);
   if (!k || !st || !pad || !dil || !ceil || !pool_shape_matches(n, *k, *st, *pad, *dil, *ceil)) return false;
-  s.shape_specific = *ceil;  // ceil_mode output sizes agree with PyTorch's only where checked
+  s.shape_specific = s.spatial_only = *ceil;  // ceil_mode output sizes agree with PyTorch's only where checked
   s.in(n->input(0)).attr(A::kernel, *k).attr(A::strides, *st).attr(A::pads_begin, *pad).attr(A::pads_end, *pad)
       .attr(A::dilations, *dil).attr(A::rounding_type, std::string(*ceil ? "ceil" : "floor"))
       .attr(A::data_format, std::string("NCX"));
@@ -344,7 +344,7 @@ bool adaptive_avg_pool(const Node* n, OpSpec& s) {
   if (in.size() != 4 || (*out)[0] < 1 || (*out)[1] < 1 || in[2] % (*out)[0] || in[3] % (*out)[1])
     return s.refuse("adaptive average pooling to a size that does not divide the input's (uneven windows)");
   Ints k{in[2] / (*out)[0], in[3] / (*out)[1]};
-  s.shape_specific = true;
+  s.shape_specific = s.spatial_only = true;  // the windows: the profiled H and W
   s.in(n->input(0)).attr(A::kernel, k).attr(A::strides, k).attr(A::pads_begin, Ints{0, 0})
       .attr(A::pads_end, Ints{0, 0}).attr(A::exclude_pad, false).attr(A::rounding_type, std::string("floor"))
       .attr(A::data_format, std::string("NCX"));
@@ -404,7 +404,7 @@ bool interpolate(const Node* n, OpSpec& s) {
       .attr(A::coordinate_transformation_mode, std::string("half_pixel"))
       .attr(A::data_format, std::string("NCX"));
   if (whole) return s.attr(A::scales, std::vector<float>(factors.begin(), factors.end())), true;  // for every input size
-  s.shape_specific = true;  // the profiled output size
+  s.shape_specific = s.spatial_only = true;  // the profiled output size
   return s.attr(A::sizes, out_sp), true;
 }
 

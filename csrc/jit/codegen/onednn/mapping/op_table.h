@@ -30,6 +30,9 @@ struct OpSpec {
   // The op holds only for the profiled sizes (a reshape to them, say): its group cannot be
   // recompiled for other input sizes, so a new shape takes the unfused fallback.
   bool shape_specific = false;
+  // ... of its spatial sizes only (dims 2..: a pooling's output size, an adaptive pool's windows):
+  // another batch size (dim 0) recompiles it as for any op.
+  bool spatial_only = false;
   // Why the builder refused the node, where a reason of its own says more than "outside the
   // mapping's conditions" (a quirk, a mode oneDNN lacks): explain() shows it.
   const char* refused = nullptr;

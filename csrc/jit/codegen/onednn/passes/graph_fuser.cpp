@@ -174,7 +174,7 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
   }
   mark_unmapped(block, built, db, mappings);
   for (const auto& [n, why] : exclusions) n->s_(kUnfusedReason, why);
-  for (Node* n : built.shape_specific) n->i_(kShapeSpecific, 1);  // read by InsertGuards
+  for (auto [n, spatial_only] : built.shape_specific) n->i_(kShapeSpecific, spatial_only ? kSpatialSizes : kAllSizes);  // InsertGuards
   if (!built.failure.empty())
     for (const auto& [id, n] : built.op_nodes) n->s_(kUnfusedReason, "oneDNN could not partition this block: " + built.failure);
 

@@ -42,12 +42,22 @@ using torch::jit::Block;
 
 namespace {
 
-// Whether the group's partition holds for any input sizes of the profiled ranks: no op in it was
-// mapped for the profiled sizes only (FuseGraph recorded which were).
-bool shape_free(const Node* group) {
-  for (const Node* n : group->g(c10::attr::Subgraph)->nodes())
-    if (n->hasAttribute(kShapeSpecific)) return false;
-  return true;
+// Which input sizes the group's partition holds for (the guard's kShapeFree): any of the profiled
+// ranks if no op in it was mapped for the profiled sizes only (FuseGraph recorded which were); any
+// batch size if those ops were mapped for their spatial sizes only (a pooling's windows) and no op
+// moves the inputs' dims around (a view, a reshape, a transpose: then an input's dim 0 could become
+// another dim of such an op's input); else the profiled sizes only.
+int64_t shape_free(const Node* group) {
+  bool specific = false, spatial_only = true, dims_kept = true;
+  for (const Node* n : group->g(c10::attr::Subgraph)->nodes()) {
+    if (n->hasAttribute(kShapeSpecific)) {
+      specific = true;
+      spatial_only &= n->i(kShapeSpecific) == kSpatialSizes;
+    }
+    dims_kept &= !(kind_flags(n->kind()) & kView);
+  }
+  if (!specific) return kAnySizes;
+  return spatial_only && dims_kept ? kOtherBatchSizes : 0;
 }
 
 // Whether NaN/Inf inputs must be kept from the group: some op in it may turn them into numbers.
@@ -104,7 +114,7 @@ Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritte
   Node* guard = g->create(kGuard, checked, checked.size() + 1)->insertBefore(group);
   guard->tys_(c10::attr::types, types);
   bool plan = group->kind() == kSmallPlan;  // exact sizes, dense memory; its loops keep NaN as eager does
-  guard->i_(kShapeFree, !plan && shape_free(group));
+  guard->i_(kShapeFree, plan ? 0 : shape_free(group));
   guard->i_(kFiniteInputs, !plan && needs_finite_inputs(group));
   if (plan) guard->i_(kPlainInputs, 1);
   std::vector<int64_t> given;

@@ -38,9 +38,13 @@ inline const c10::Symbol kGroupId = c10::Symbol::attr("group_id");
 inline const c10::Symbol kUnfusedReason = c10::Symbol::attr("llga_unfused");
 // Attribute of a node the fuser mapped for the profiled sizes only (a reshape to them, say): its
 // group cannot be compiled for other sizes (recorded where the mapping is decided: FuseGraph).
+// kAllSizes, or kSpatialSizes: for its input's dims 2.. only (another batch size is any new size).
 inline const c10::Symbol kShapeSpecific = c10::Symbol::attr("llga_shape_specific");
-// Attribute of a guard: its group may be compiled for other input sizes of the same ranks.
+inline constexpr int64_t kAllSizes = 1, kSpatialSizes = 2;
+// Attribute of a guard: its group may be compiled for other input sizes of the same ranks
+// (kAnySizes), for other sizes of the inputs' dim 0 only (kOtherBatchSizes), or not (0).
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
+inline constexpr int64_t kAnySizes = 1, kOtherBatchSizes = 2;
 // On a guard: its group's inputs must hold no NaN/Inf (scanned at run time); see kKeepsNaN.
 inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
 // On a guard: per checked input, -1 (scan it), k: its finiteness is the guard's k-th extra (bool)

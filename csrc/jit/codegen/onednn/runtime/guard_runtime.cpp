@@ -61,13 +61,18 @@ Expected expected_of(const torch::jit::TensorTypePtr& type) {
   return e;
 }
 
-bool matches(const at::Tensor& t, const Expected& expected, bool any_sizes, bool plain) {
+// sizes: kAnySizes (any of the expected rank), kOtherBatchSizes (the expected ones but dim 0), else exact.
+bool matches(const at::Tensor& t, const Expected& expected, int64_t sizes, bool plain) {
   if (!t.defined() || t.scalar_type() != expected.dtype || t.device() != expected.device) return false;
   if (plain && (is_llga_tensor(t) || !t.has_storage())) return false;  // a plan reads the memory itself
   if (!is_llga_tensor(t) && !plain_memory(t)) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
-  if (any_sizes) return t.dim() == expected.dim && t.numel() > 0;
-  return expected.sizes && t.sizes() == c10::IntArrayRef(*expected.sizes);
+  if (sizes == kAnySizes) return t.dim() == expected.dim && t.numel() > 0;
+  if (!expected.sizes) return false;
+  c10::IntArrayRef want(*expected.sizes);
+  if (sizes == kOtherBatchSizes && t.dim() >= 1 && t.dim() == expected.dim)
+    return t.numel() > 0 && t.sizes().slice(1) == want.slice(1);
+  return t.sizes() == want;
 }
 
 // Any Inf or NaN (exponent all ones) among n values of this bit width? Adding one to the exponent
@@ -152,7 +157,7 @@ bool all_finite(const at::Tensor& t) {
 torch::jit::Operation make_guard(const torch::jit::Node* node) {
   std::vector<Expected> expected;
   for (const auto& type : node->tys(c10::attr::types)) expected.push_back(expected_of(type->expect<TensorType>()));
-  bool shape_free = node->hasAttribute(kShapeFree) && node->i(kShapeFree);
+  int64_t shape_free = node->hasAttribute(kShapeFree) ? node->i(kShapeFree) : 0;
   bool finite_inputs = !node->hasAttribute(kFiniteInputs) || node->i(kFiniteInputs);
   bool plain = node->hasAttribute(kPlainInputs) && node->i(kPlainInputs);
   // Per checked input: -1 = scan it here, k = its finiteness is extra input k (an llga::AllFinite).
@@ -161,9 +166,9 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
   return [expected, shape_free, finite_inputs, plain, given, extra](Stack& stack) {
     size_t n = expected.size();
     auto inputs = torch::jit::last(stack, n + extra);
-    bool any_sizes = shape_free && runtime::shape_policy() == runtime::ShapePolicy::kCompile;
+    int64_t sizes = runtime::shape_policy() == runtime::ShapePolicy::kCompile ? shape_free : 0;
     bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), expected[i], any_sizes, plain);
+    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), expected[i], sizes, plain);
     if (ok && finite_inputs) {
       for (size_t i = 0; i < n && ok; ++i)
         ok = given[i] == kNotScanned || (given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool());
