@@ -8,7 +8,8 @@ One Ray Serve application per model, at /<name>/ on the HTTP proxy:
 
 What Ray does, Ray does: replicas, routing, restarts, dynamic batching (@serve.batch). The replica
 applies the rules of docs/usage.md ("C++ and serving"): intra-op threads sized so that replicas x
-threads <= cores; every shape it will run warmed up (two calls each) before it takes traffic.
+threads <= cores; every shape it will run warmed up (four calls each: profiling, compiling, and two
+speed-checked runs) before it takes traffic.
 Requests are batched and cut into chunks of at most 8 rows, padded to 1, 2, 4 or 8 rows (and BERT's
 sequences to 32, 64 or 128 tokens, masked), so a replica only ever runs the shapes it warmed up.
 A bad request (not a .npy array, wrong dtype, rank or size) is a 400 naming the problem; the replica
@@ -43,17 +44,17 @@ def bucket(n, buckets):
 
 def check_image(x):
     if x.dtype != np.float32 or x.ndim != 4 or x.shape[1:] != (3, 224, 224) or not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"resnet50 takes float32 images [B, 3, 224, 224] with 1 <= B <= {MAX_ROWS}, "
+        raise ValueError(f"the model takes float32 images [B, 3, 224, 224] with 1 <= B <= {MAX_ROWS}, "
                          f"not {x.dtype}{list(x.shape)}")
 
 
 def check_tokens(x, vocab=30522):
     if x.dtype not in (np.int64, np.int32) or x.ndim != 2 or not 1 <= x.shape[0] <= MAX_ROWS \
             or not 1 <= x.shape[1] <= SEQ_BUCKETS[-1]:
-        raise ValueError(f"bert takes int64 token ids [B, S] with 1 <= B <= {MAX_ROWS} and 1 <= S <= "
+        raise ValueError(f"the model takes int64 token ids [B, S] with 1 <= B <= {MAX_ROWS} and 1 <= S <= "
                          f"{SEQ_BUCKETS[-1]}, not {x.dtype}{list(x.shape)}")
     if x.size and (x.min() < 0 or x.max() >= vocab):
-        raise ValueError(f"bert's token ids are in [0, {vocab}): this request has {x.min()}..{x.max()}")
+        raise ValueError(f"token ids are in [0, {vocab}): this request has {x.min()}..{x.max()}")
 
 
 api = FastAPI()
@@ -62,9 +63,9 @@ api = FastAPI()
 @serve.deployment(max_ongoing_requests=32, health_check_period_s=10)
 @serve.ingress(api)
 class ModelServer:
-    def __init__(self, name, path, threads, fuse=True):
+    def __init__(self, name, path, kind, threads, fuse=True):
         torch.set_num_threads(threads)
-        self.name, self.kind, self.threads, self.fuse = name, KINDS[name], threads, fuse
+        self.name, self.kind, self.threads, self.fuse = name, kind, threads, fuse
         if fuse:
             import torch_llga
 
@@ -77,11 +78,12 @@ class ModelServer:
         self.warm_up()
 
     def warm_up(self):
-        """Two calls of every shape this replica runs (the profiling run, then the fused one)."""
+        """Four calls of every shape this replica runs: the profiling run, the one compiling the
+        partitions, two that time them against PyTorch; traffic then runs at full speed."""
         shapes = [(b,) for b in BATCH_BUCKETS] if self.kind == "image" else \
             [(b, s) for b in BATCH_BUCKETS for s in SEQ_BUCKETS]
         for shape in shapes:
-            for _ in range(2):
+            for _ in range(4 if self.fuse else 2):
                 self.run_padded(self.example(*shape))
 
     def example(self, rows, seq=None):
@@ -134,14 +136,15 @@ class ModelServer:
         body = await request.body()
         try:
             if not body.startswith(b"\x93NUMPY"):
-                raise ValueError(f"the body is not a .npy array (numpy.save's format; it starts with {body[:16]!r})")
+                raise ValueError(f"it starts with {body[:16]!r}")
             x = np.load(io.BytesIO(body), allow_pickle=False)
+        except Exception as e:  # noqa: BLE001 - np.load's errors for what is no array of numbers
+            raise HTTPException(status_code=400, detail=f"{self.name}: the body is not a .npy array of numbers "
+                                f"(numpy.save's format): {str(e)[:200]}") from None
+        try:
             (check_image if self.kind == "image" else check_tokens)(x)
         except ValueError as e:
             raise HTTPException(status_code=400, detail=f"{self.name}: {e}") from None
-        except Exception as e:  # noqa: BLE001 - np.load's errors for what is not a .npy file
-            raise HTTPException(status_code=400, detail=f"{self.name}: the body is not a .npy array "
-                                f"({type(e).__name__}: {str(e)[:200]})") from None
         return Response(npy(await self.run_batch(x)), media_type="application/octet-stream")
 
     @api.get("/stats")
@@ -154,7 +157,8 @@ class ModelServer:
         return {"model": self.name, "pid": os.getpid(), "threads": torch.get_num_threads(), "fuse": self.fuse, **stats}
 
 
-def application(name, path, replicas=1, threads=1, fuse=True):
-    """The Ray Serve application of one model: `replicas` replicas of `threads` intra-op threads each."""
+def application(name, path, replicas=1, threads=1, fuse=True, kind=None):
+    """The Ray Serve application of one model: `replicas` replicas of `threads` intra-op threads each.
+    kind: what the model takes, "image" or "tokens" (default: KINDS[name])."""
     return ModelServer.options(name=name, num_replicas=replicas, ray_actor_options={"num_cpus": threads}) \
-        .bind(name, path, threads, fuse)
+        .bind(name, path, kind or KINDS[name], threads, fuse)

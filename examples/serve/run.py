@@ -19,9 +19,10 @@ def cores():
 
 
 def start(fuse=True, port=8000, replicas=1, threads=None, models=MODELS, directory=os.path.join(HERE, "models"),
-          paths=None):
-    """Starts Ray (a local cluster) and one Serve application per model at /<model>/; returns the
-    base URL. Threads per replica: the cores shared out, replicas x threads <= cores."""
+          paths=None, kinds=None, cpus=None):
+    """Starts Ray (a local cluster of `cpus` logical CPUs, default the cores) and one Serve
+    application per model at /<model>/; returns the base URL. Threads per replica: the cores shared
+    out, replicas x threads <= cores."""
     import ray
     from ray import serve
 
@@ -33,12 +34,13 @@ def start(fuse=True, port=8000, replicas=1, threads=None, models=MODELS, directo
     if not ray.is_initialized():
         # The replicas import app.py (and torch_llga, installed or built in place) from here.
         pythonpath = os.pathsep.join([HERE, os.path.dirname(os.path.dirname(HERE))] + sys.path[1:])
-        ray.init(num_cpus=cores(), include_dashboard=False, log_to_driver=False,
+        ray.init(num_cpus=cpus or cores(), include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     for name in models:
         path = (paths or {}).get(name) or saved(name, directory)
-        serve.run(application(name, path, replicas, threads, fuse), name=name, route_prefix=f"/{name}")
+        serve.run(application(name, path, replicas, threads, fuse, (kinds or {}).get(name)), name=name,
+                  route_prefix=f"/{name}")
     return f"http://127.0.0.1:{port}"
 
 
