@@ -1,0 +1,178 @@
+"""Soak: one process serving three models from 8 threads for a long time, with changing input shapes,
+the models loaded from their files and released on the way. Every result is checked against eager.
+At the end: wrong results, errors, fused executions, and the resident memory's slope after warm-up
+(least squares over the samples of the last two thirds of the run), in MB a minute.
+
+    python test/soak.py --minutes 60          # the documented hour
+    python test/soak.py --minutes 3           # test_soak.py's run in make test
+
+Exit status 1 if a result was wrong, a call failed, or the slope is over --max-slope (1 MB/min).
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch_llga  # noqa: E402
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.c2, self.fc = nn.Conv2d(16, 16, 3, padding=1), nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = F.relu(self.bn(self.c1(x)))
+        y = F.relu(self.c2(y) + y)
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+class Encoder(nn.Module):
+    """A transformer encoder layer written out (nn.TransformerEncoderLayer traces, without
+    gradients, to one fast-path op that nothing fuses)."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.ln1, self.ln2, self.head = nn.LayerNorm(d), nn.LayerNorm(d), nn.Linear(d, 8)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attention = torch.softmax(q @ k.transpose(-1, -2) * (d // self.heads) ** -0.5, -1) @ v
+        x = self.ln1(x + self.o(attention.transpose(1, 2).reshape(b, s, d)))
+        return self.head(self.ln2(x + self.fc2(F.gelu(self.fc1(x)))))
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4))
+
+
+# name -> (the eager model, a random input for it): 16 shapes each, as many as a group keeps
+# compiled by default (torch_llga.cache_capacity()); more shapes than that recompile in turn (right,
+# slower, and the heap fragments while it settles: docs/usage.md).
+MODELS = {
+    "convnet": (ConvNet, lambda rng: torch.randn(rng.randint(1, 4), 3, rng.choice((16, 20, 24, 32)), 24)),
+    "encoder": (Encoder, lambda rng: torch.randn(rng.randint(1, 4), rng.choice((8, 16, 32, 48)), 64)),
+    "mlp": (mlp, lambda rng: torch.randn(rng.randint(1, 16), 32)),
+}
+
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def slope(samples):
+    """Least-squares slope of (minutes, MB) samples, MB a minute."""
+    n = len(samples)
+    if n < 2:
+        return 0.0
+    mt = sum(t for t, _ in samples) / n
+    mm = sum(m for _, m in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    return sum((t - mt) * (m - mm) for t, m in samples) / var if var else 0.0
+
+
+class Soak:
+    def __init__(self, directory, seed=0):
+        torch.manual_seed(seed)
+        self.eager, self.paths, self.scripts = {}, {}, {}
+        for name, (make, example) in MODELS.items():
+            model = make().eval()
+            self.eager[name] = model
+            self.paths[name] = os.path.join(directory, f"{name}.pt")
+            with torch.no_grad():
+                torch.jit.save(torch.jit.freeze(torch.jit.trace(model, example(random.Random(0)))), self.paths[name])
+            self.scripts[name] = torch.jit.load(self.paths[name])
+        self.lock = threading.Lock()
+        self.calls = self.wrong = self.reloads = 0
+        self.errors = []
+
+    def reload(self, name):
+        """A new copy of the model from its file; the old one is released once no call holds it."""
+        script = torch.jit.load(self.paths[name])
+        with self.lock:
+            self.scripts[name] = script
+            self.reloads += 1
+
+    def worker(self, seed, deadline):
+        rng = random.Random(seed)
+        with torch.no_grad():
+            while time.time() < deadline:
+                name = rng.choice(list(MODELS))
+                x = MODELS[name][1](rng)
+                with self.lock:
+                    script = self.scripts[name]
+                try:
+                    out = script(x)
+                    expected = self.eager[name](x)
+                    # fp32; 1e-4: the encoder's softmax and layer norm sum in another order fused
+                    ok = torch.allclose(out, expected, rtol=1e-4, atol=1e-4)
+                except Exception as e:  # noqa: BLE001 - counted and reported
+                    with self.lock:
+                        self.errors.append(f"{name} {list(x.shape)}: {type(e).__name__}: {e}"[:300])
+                    continue
+                with self.lock:
+                    self.calls += 1
+                    self.wrong += not ok
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--reload-seconds", type=float, default=20, help="a model reloaded from its file this often")
+    parser.add_argument("--max-slope", type=float, default=1.0, help="MB a minute allowed after warm-up")
+    parser.add_argument("--json", help="write the result here")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    torch_llga.enable()
+    with tempfile.TemporaryDirectory() as directory:
+        soak = Soak(directory)
+        start = time.time()
+        deadline = start + 60 * args.minutes
+        workers = [threading.Thread(target=soak.worker, args=(seed, deadline)) for seed in range(args.threads)]
+        for w in workers:
+            w.start()
+        samples, names, next_reload = [], list(MODELS), start + args.reload_seconds
+        while any(w.is_alive() for w in workers):
+            time.sleep(min(5.0, max(0.1, deadline - time.time())))
+            now = time.time()
+            samples.append(((now - start) / 60, rss_mb()))
+            if now >= next_reload and now < deadline:
+                soak.reload(names[int(now) % len(names)])
+                next_reload = now + args.reload_seconds
+        stats = torch_llga.stats()
+    after_warm_up = [s for s in samples if s[0] >= args.minutes / 3]
+    result = {"minutes": args.minutes, "threads": args.threads, "calls": soak.calls, "wrong": soak.wrong,
+              "errors": len(soak.errors), "reloads": soak.reloads, "rss_mb_start": round(samples[0][1], 1),
+              "rss_mb_end": round(samples[-1][1], 1), "slope_mb_per_min": round(slope(after_warm_up), 3),
+              "executions": stats["executions"], "compilations": stats["compilations"],
+              "evictions": stats["evictions"], "guard_failures": stats["guard_failures"],
+              "kernel_fallbacks": stats["kernel_fallbacks"], "cached_partitions": stats["cached_partitions"]}
+    for line in soak.errors[:10]:
+        print(line, file=sys.stderr)
+    print(json.dumps(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f)
+    bad = soak.wrong or soak.errors or result["slope_mb_per_min"] > args.max_slope
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
