@@ -23,7 +23,13 @@ on a few random batches); eager, torchscript, builtin_onednn and torch_llga run 
 (convert_to_reference_fx: quantize/dequantize around fp32 ops), fx_x86 runs convert_fx's (PyTorch's
 native int8 kernels, traced and frozen: what a PyTorch user picks today), torchscript_fp32 the fp32
 model, torch_llga_fast torch_llga with TORCH_LLGA_INT8_EXACT=0 (residual adds as conv post-ops, their
-requantization dropped). Differences are to the eager reference model.
+requantization dropped). Differences are to the eager reference model. The same model quantized by
+torchao's PT2E flow (X86InductorQuantizer's defaults; torchao is a benchmark extra), calibrated on the
+same batches: pt2e_inductor runs it the way PyTorch documents (torch.compile, Inductor, freezing on),
+pt2e_llga through torch.compile(backend="torch_llga"); their column "llga vs PT2E Inductor" is
+pt2e_llga against pt2e_inductor. An int8 run also lists each backend's drift from the fp32 model.
+
+    python -m torch_llga.bench --dtype int8 --backends torchscript_fp32,fx_x86,torch_llga,pt2e_inductor,pt2e_llga
 
 torch_llga_no_plans: torch_llga with small-graph plans off (oneDNN groups only), to see what the
 plans change in the same run.
@@ -49,8 +55,10 @@ from torch_llga import _optional
 from torch_llga.bench_models import MODELS, PACKAGE
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
-            "torchscript_fp32", "torch_llga_fast", "openvino", "onnxruntime", "torch_llga_no_plans"]
-INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast"}
+            "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "openvino", "onnxruntime",
+            "torch_llga_no_plans"]
+INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga"}
+PT2E = {"pt2e_inductor", "pt2e_llga"}  # run the PT2E-quantized model (torchao), not FX's
 NOT_DEFAULT = INT8_ONLY | {"torch_llga_no_plans"}  # asked for by name
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 # Untimed calls before each sample, for this long: ONNX Runtime's worker threads spin 40-75 ms after
@@ -73,8 +81,13 @@ class Backend:
 
                 inductor_config.freezing = True
                 self.fn = torch.compile(model)
-            elif name == "torch_llga_compile":  # torch_llga as a torch.compile backend (torch_llga/dynamo.py)
+            elif name in ("torch_llga_compile", "pt2e_llga"):  # torch_llga as a torch.compile backend (dynamo.py)
                 self.fn = torch.compile(model, backend="torch_llga")
+            elif name == "pt2e_inductor":  # PyTorch's documented x86 int8 recipe: PT2E, then Inductor, frozen
+                import torch._inductor.config as inductor_config
+
+                inductor_config.freezing = True
+                self.fn = torch.compile(model)
             elif name == "openvino":
                 self.fn = openvino_fn(model, inputs, dtype)
             elif name == "onnxruntime":
@@ -233,18 +246,44 @@ def progress(text):
     sys.stderr.flush()
 
 
+def calibration_batches(inputs, n=4):
+    """The batches every int8 flow calibrates on: random ones like the inputs, the same for all."""
+    generator = torch.Generator().manual_seed(0)
+    return [tuple(torch.rand(x.shape, generator=generator, dtype=x.dtype) if x.is_floating_point() else x
+                  for x in inputs) for _ in range(n)]
+
+
 def quantized_int8(model, inputs):
-    """(reference, native): model quantized by FX with the x86 qconfig mapping, calibrated on a few
-    random batches like the inputs; as convert_to_reference_fx and as convert_fx make it."""
+    """(reference, native): model quantized by FX with the x86 qconfig mapping, calibrated on
+    calibration_batches(); as convert_to_reference_fx and as convert_fx make it."""
     from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx, convert_to_reference_fx, prepare_fx
 
     torch.backends.quantized.engine = "x86"
     prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), inputs)
     with torch.no_grad():
-        for _ in range(4):
-            prepared(*(torch.rand_like(x) if x.is_floating_point() else x for x in inputs))
+        for batch in calibration_batches(inputs):
+            prepared(*batch)
     return convert_to_reference_fx(copy.deepcopy(prepared)), convert_fx(prepared)
+
+
+def quantized_pt2e(model, inputs):
+    """model quantized by torchao's PT2E flow with X86InductorQuantizer's defaults, calibrated on
+    calibration_batches() (torchao: a benchmark extra)."""
+    bench_import("torchao")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+
+    try:  # strict: the quantizer rejects the non-strict export of a module reusing one ReLU (ResNets)
+        exported = torch.export.export(copy.deepcopy(model), inputs, strict=True).module()
+    except Exception:  # noqa: BLE001 - what strict export cannot trace (transformers' models)
+        exported = torch.export.export(copy.deepcopy(model), inputs).module()
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported, quantizer)
+    with torch.no_grad():
+        for batch in calibration_batches(inputs):
+            prepared(*batch)
+    return convert_pt2e(prepared)
 
 
 def bench_model(name, backends, args):
@@ -269,15 +308,31 @@ def bench_model(name, backends, args):
                               for b in backends}
             return row
         models = {b: model if b == "torchscript_fp32" else native if b == "fx_x86" else reference for b in backends}
+        if PT2E & set(backends):
+            try:
+                pt2e = quantized_pt2e(model, inputs)
+                models.update({b: pt2e for b in PT2E & set(backends)})
+            except Exception as e:  # noqa: BLE001 - reported in those backends' cells
+                models.update({b: e for b in PT2E & set(backends)})
     with torch.no_grad():
         expected = first((reference if args.dtype == "int8" else model)(*inputs))
+        fp32 = first(model(*inputs)).float()
     ready = []
     for b in backends:
         progress(f"{name}: preparing {b}")
         try:
+            if isinstance(models[b], Exception):
+                raise RuntimeError(f"quantization: {type(models[b]).__name__}: {models[b]}")
             backend = Backend(b, models[b], inputs, args.dtype, more_inputs)
-            diff = (first(backend.output).float() - expected.float()).abs().max().item()
-            row["results"][b] = {"warmup_ms": backend.warmup_ms, "max_abs_diff": diff, "times": []}
+            out = first(backend.output).float()
+            # int8: the difference to the fp32 model too (its drift), and to the reference of its own flow
+            if b in PT2E:
+                with torch.no_grad():
+                    own = first(models[b](*inputs)).float()
+            diff = (out - (own if b in PT2E else expected.float())).abs().max().item()
+            row["results"][b] = {"warmup_ms": backend.warmup_ms, "max_abs_diff": diff, "times": [],
+                                 "fp32_max_abs_diff": (out - fp32).abs().max().item(),
+                                 "fp32_mean_abs_diff": (out - fp32).abs().mean().item()}
             ready.append(backend)
         except Exception as e:  # reported, not dropped
             row["results"][b] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
@@ -332,7 +387,8 @@ def ratio_cell(spread):
 def ratio_columns(backends):
     """(heading, baseline backend) of the "torch_llga vs ..." columns: the baselines in this run."""
     cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32"),
-            ("OpenVINO", "openvino"), ("ORT", "onnxruntime"), ("no plans", "torch_llga_no_plans")]
+            ("PT2E Inductor", "pt2e_inductor"), ("OpenVINO", "openvino"), ("ORT", "onnxruntime"),
+            ("no plans", "torch_llga_no_plans")]
     return [(h, b) for h, b in cols if b in backends]
 
 
@@ -366,13 +422,20 @@ def markdown(rows, backends, args):
         for b in backends:
             res = row["results"].get(b, {})
             cells.append(f"{res['median_ms']:.3f}" if "median_ms" in res else f"failed: {res.get('error', '?')}")
-        spreads = [ratio_spread(row, base, "torch_llga") for _, base in cols] + \
+        spreads = [ratio_spread(row, base, "pt2e_llga" if base == "pt2e_inductor" else "torch_llga") for _, base in cols] + \
                   [ratio_spread(row, base, "torch_llga_compile") for _, base in compile_cols]
         llga = row["results"].get("torch_llga", {})
         gflops = f"{row['flops'] / llga['median_ms'] / 1e6:.0f}" if "median_ms" in llga and row["flops"] else "-"
         warmups = "/".join(f"{row['results'].get(b, {}).get('warmup_ms', float('nan')):.0f}" for b in warm)
         cells += [ratio_cell(sp) for sp in spreads] + [gflops, warmups]
         lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
+    if args.dtype == "int8":  # each backend's drift from the fp32 model: max / mean abs difference of the output
+        lines += ["", "drift from fp32 (max / mean abs difference of the output):", "",
+                  "| model | " + " | ".join(backends) + " |", "|---" * (len(backends) + 1) + "|"]
+        for row in rows:
+            cells = [f"{r['fp32_max_abs_diff']:.3g} / {r['fp32_mean_abs_diff']:.3g}" if "fp32_max_abs_diff" in r else "-"
+                     for r in (row["results"].get(b, {}) for b in backends)]
+            lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
     ratios = [ratio(row, "builtin_onednn", "torch_llga") for row in rows]
     ratios = [r for r in ratios if r]
     if ratios:
