@@ -16,7 +16,9 @@ openvino: ov.convert_model, compiled for the CPU with the bench's thread count, 
 run's precision (f32, or bf16 with --dtype bf16; with --dtype int8 it gets the reference model, whose
 quantize/dequantize pairs it runs as int8); onnxruntime: torch.onnx.export (TorchScript-based) into an
 InferenceSession on the CPU provider, fp32 only. Both are called with torch tensors and return one:
-the conversions to and from numpy are part of their time.
+the conversions to and from numpy are part of their time. zentorch (AMD's ZenDNN plugin,
+pip install zentorch: a benchmark extra): torch.compile(copy of the model, backend="zentorch",
+dynamic=False), five warm-up calls; it optimizes on CPUs with AVX-512 only (elsewhere it is Inductor).
 
 --dtype int8: the model is quantized the way PyTorch's FX flow does it (x86 qconfig mapping, calibrated
 on a few random batches); eager, torchscript, builtin_onednn and torch_llga run its reference form
@@ -55,7 +57,7 @@ from torch_llga import _optional
 from torch_llga.bench_models import MODELS, PACKAGE
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
-            "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "openvino", "onnxruntime",
+            "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "openvino", "onnxruntime", "zentorch",
             "torch_llga_no_plans"]
 INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga"}
 PT2E = {"pt2e_inductor", "pt2e_llga"}  # run the PT2E-quantized model (torchao), not FX's
@@ -88,6 +90,10 @@ class Backend:
 
                 inductor_config.freezing = True
                 self.fn = torch.compile(model)
+            elif name == "zentorch":  # AMD's ZenDNN plugin (benchmark extra), its documented recipe
+                bench_import("zentorch")
+                # Compiling rewrites the module's weights in place (eager calls of it then differ): a copy.
+                self.fn = torch.compile(copy.deepcopy(model), backend="zentorch", dynamic=False)
             elif name == "openvino":
                 self.fn = openvino_fn(model, inputs, dtype)
             elif name == "onnxruntime":
@@ -99,6 +105,8 @@ class Backend:
                 self.output = self.fn(*inputs)  # optimization and first optimized run
             for other in more_inputs:  # each size twice: Dynamo's recompilation, new partitions
                 self.fn(*other), self.fn(*other)
+            for _ in range(3 if name == "zentorch" else 0):  # zentorch's recipe: five warm-up calls
+                self.fn(*inputs)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
 
     def switch(self):
@@ -387,7 +395,7 @@ def ratio_cell(spread):
 def ratio_columns(backends):
     """(heading, baseline backend) of the "torch_llga vs ..." columns: the baselines in this run."""
     cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32"),
-            ("PT2E Inductor", "pt2e_inductor"), ("OpenVINO", "openvino"), ("ORT", "onnxruntime"),
+            ("PT2E Inductor", "pt2e_inductor"), ("OpenVINO", "openvino"), ("ORT", "onnxruntime"), ("zentorch", "zentorch"),
             ("no plans", "torch_llga_no_plans")]
     return [(h, b) for h, b in cols if b in backends]
 
@@ -410,7 +418,7 @@ def markdown(rows, backends, args):
            f"ratios: median of per-round ratios, ~ where their middle half spans 1.00x"
     cols = ratio_columns(backends)
     # Preparation and first calls: torch_llga's and the built-in fuser's, and the other runtimes' in this run.
-    warm = ["torch_llga", "builtin_onednn"] + [b for b in ("openvino", "onnxruntime") if b in backends]
+    warm = ["torch_llga", "builtin_onednn"] + [b for b in ("openvino", "onnxruntime", "zentorch") if b in backends]
     warm_heading = " / ".join({"torch_llga": "llga", "builtin_onednn": "built-in"}.get(b, b) for b in warm)
     compile_cols = compile_columns(backends)
     lines = [head, "", "| model | " + " | ".join(backends) + "".join(f" | llga vs {h}" for h, _ in cols) +
