@@ -6,7 +6,8 @@ At the end: wrong results, errors, fused executions, and the resident memory's s
     python test/soak.py --minutes 60          # the documented hour
     python test/soak.py --minutes 3           # test_soak.py's run in make test
 
-Exit status 1 if a result was wrong, a call failed, or the slope is over --max-slope (1 MB/min).
+Exit status 1 if a result was wrong, a call failed, the slope is over --max-slope (1 MB/min) or
+torch_llga.stats()'s counters disagree.
 """
 import argparse
 import json
@@ -164,13 +165,17 @@ def main(argv=None):
               "executions": stats["executions"], "compilations": stats["compilations"],
               "evictions": stats["evictions"], "guard_failures": stats["guard_failures"],
               "kernel_fallbacks": stats["kernel_fallbacks"], "cached_partitions": stats["cached_partitions"]}
+    # The counters agree with each other: what is cached was compiled and not evicted (released
+    # models' partitions are gone from it too), nothing negative.
+    result["stats_consistent"] = all(v >= 0 for v in stats.values() if isinstance(v, int)) and \
+        stats["cached_partitions"] <= stats["compilations"] - stats["evictions"]
     for line in soak.errors[:10]:
         print(line, file=sys.stderr)
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)
-    bad = soak.wrong or soak.errors or result["slope_mb_per_min"] > args.max_slope
+    bad = soak.wrong or soak.errors or result["slope_mb_per_min"] > args.max_slope or not result["stats_consistent"]
     return 1 if bad else 0
 
 
