@@ -167,6 +167,24 @@ def forget_traced_code():
     torch.jit._state._python_cu.drop_all_functions()
 
 
+def heap_in_use_mb():
+    """Bytes malloc has handed out and not had back (glibc's mallinfo2): beside the resident size, it
+    tells a leak (both grow) from a heap that fragments or a cache that fills (only the resident size)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):  # not glibc 2.33+
+        return "?"
+    return (info.uordblks + info.hblkhd) >> 20
+
+
 class OutOfTime(unittest.SkipTest):
     """Raised at the deadline (unless a failure was found): Hypothesis passes skip exceptions
     straight out, where rejecting every further example would keep it drawing programs up to its
@@ -188,7 +206,8 @@ def one_example(prog, all_partitions, freeze, small_plans):
         forget_traced_code()
     if LONG_EXAMPLES and TALLY["examples"] % 250 == 0:
         rss_mb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
-        print(f"  {TALLY['examples']} examples, {time.strftime('%H:%M:%S')}, {rss_mb} MB resident", flush=True)
+        print(f"  {TALLY['examples']} examples, {time.strftime('%H:%M:%S')}, {rss_mb} MB resident, "
+              f"{heap_in_use_mb()} MB of malloc's heap in use", flush=True)
 
 
 # small_plans: whole programs of tiny tensors may run as one small-graph plan (not with all_partitions).
