@@ -76,6 +76,16 @@ def warm(compiled, x):
     return out, torch.jit.last_executed_optimized_graph()
 
 
+def fused_pt2e(model, x):
+    """The model quantized by PT2E, through torch.compile(backend="torch_llga"), checked against the
+    PT2E reference within 2 steps (the module's note): its fused run's optimized graph."""
+    reference = pt2e(model, x)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    return graph
+
+
 class TinyEncoder(nn.Module):
     """A transformer encoder layer written out (projections, attention, GELU MLP, two layer norms)."""
 
@@ -101,11 +111,7 @@ def test_pt2e_quantize_ops_become_quantized_tensors():
     # Every quantize/dequantize of the X86 quantizer's default config (u8 activations, symmetric
     # per-channel s8 weights) is rewritten; with VNNI each one lands in an int8 group, without it the
     # weights are fp32 constants (test_int8.py::test_int8_weights_without_vnni_run_in_fp32).
-    x = torch.randn(1, 3, 32, 32)
-    reference = pt2e(resnet18(), x)
-    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
-    with torch.no_grad():
-        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    graph = fused_pt2e(resnet18(), torch.randn(1, 3, 32, 32))
     assert not [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed")]
     convs = sum(g.count("_convolution") for g in groups_of(graph))
     assert convs == 20  # every conv fused
@@ -113,11 +119,7 @@ def test_pt2e_quantize_ops_become_quantized_tensors():
 
 @requires_int8_kernels
 def test_pt2e_resnet18_runs_int8_kernels():
-    x = torch.randn(1, 3, 32, 32)
-    reference = pt2e(resnet18(), x)
-    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
-    with torch.no_grad():
-        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    graph = fused_pt2e(resnet18(), torch.randn(1, 3, 32, 32))
     groups = groups_of(graph)
     # conv (+ residual add) + relu, int8 in and out: the quantizer annotates conv-add-relu as one
     # pattern, so the residual add is a post-op of the conv's int8 kernel, as in Inductor.
@@ -134,11 +136,7 @@ def test_pt2e_resnet18_runs_int8_kernels():
 
 @requires_int8_kernels
 def test_pt2e_encoder_linears_run_int8():
-    x = torch.randn(2, 16, 64)
-    reference = pt2e(TinyEncoder(), x)
-    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
-    with torch.no_grad():
-        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    graph = fused_pt2e(TinyEncoder(), torch.randn(2, 16, 64))
     int8_linears = [g for g in groups_of(graph) if "linear" in g and "dequantize" in g]
     assert sum(g.count("linear") for g in int8_linears) == 7
 
