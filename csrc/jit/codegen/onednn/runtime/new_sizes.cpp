@@ -10,11 +10,23 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
+#include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/to_dense.h"
 
 namespace llga {
 
 using torch::jit::Stack;
+
+namespace {
+
+// Dims 2.. of v's sizes in `now` (new sizes) and `then` (profiled) agree.
+bool same_spatial_sizes(const Value* now, const Value* then) {
+  auto a = now->type()->cast<torch::jit::TensorType>(), b = then->type()->cast<torch::jit::TensorType>();
+  auto sa = a ? a->sizes().concrete_sizes() : std::nullopt, sb = b ? b->sizes().concrete_sizes() : std::nullopt;
+  return sa && sb && sa->size() == sb->size() && sa->size() >= 2 && std::equal(sa->begin() + 2, sa->end(), sb->begin() + 2);
+}
+
+}  // namespace
 
 // The fuser partitioned the block for the profiled sizes; a partition for any sizes of the same
 // ranks is asked of oneDNN only once some call brings other sizes (once: threads compiling other
@@ -60,6 +72,20 @@ bool FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args) {
     if (stack[first + k].isTensor()) made[k]->setType(torch::jit::TensorType::create(stack[first + k].toTensor()));
   std::unordered_set<const Node*> members;
   for (const Node* n : g->nodes()) members.insert(n);
+  // An op mapped for its profiled spatial sizes (kSpatialSizes: a pooling's windows) holds at another
+  // batch size only. The guard lets only the inputs' dim 0 change, but a broadcast operand of lower
+  // rank could carry a changed dim into the op's spatial ones ([H, W] added to [N, C, 1, W] before a
+  // pool in one group; no oneDNN pattern fuses a binary op into a pooling's input today).
+  auto profiled = subgraph_->nodes().begin();
+  for (const Node* n : g->nodes()) {
+    const Node* p = *profiled++;
+    if (n->hasAttribute(kShapeSpecific) &&
+        !(same_spatial_sizes(n->input(0), p->input(0)) && same_spatial_sizes(n->output(0), p->output(0)))) {
+      GRAPH_DEBUG("At these input sizes ", n->kind().toQualString(), " (mapped for its profiled spatial sizes) has others: "
+                  "the group runs unfused for them");
+      return false;
+    }
+  }
   for (const Node* n : g->nodes()) {
     if (is_binary_op(n) && quirks::wrong_in_partition(n, members)) {
       GRAPH_DEBUG("At these input sizes oneDNN computes ", n->kind().toQualString(), " wrongly as a post-op: the group runs unfused for them");
