@@ -7,7 +7,10 @@ Tolerance. The X86 quantizer leaves a model's output in fp32 (its last linear's 
 quantized), so the output step of test_int8.py does not exist; what can differ is the input of that
 last linear, in steps of its quantize scale (an int8 kernel sums exactly and rounds once, the
 reference rounds fp32 sums: values at a rounding boundary flip, FX's ResNet-18 measured 0-2 steps).
-n such steps move an output by at most n * scale * (the L1 norm of its weight row).
+Allowed: up to 32 of those inputs off by up to 2 steps each, so an output moves by at most
+2 * scale * (the sum of the 32 largest |w| of its weight row). Without VNNI (fp32 kernels between
+PyTorch's quantize ops) ResNet-18 at 32x32 came out 0.029 off, under this bound of about 0.06; a
+wrong scale or zero point is off by tens of steps.
 """
 import pytest
 import torch
@@ -45,16 +48,17 @@ def pt2e(model, example, **config):
     return convert_pt2e(prepared)
 
 
-def last_linear_tolerance(reference, steps):
-    """atol for `steps` steps of the last linear's quantized input (see the module's note)."""
+def last_linear_tolerance(reference, steps, flipped=32):
+    """atol for `flipped` inputs of the last linear `steps` steps off (see the module's note)."""
     nodes = list(reference.graph.nodes)
     linear = [n for n in nodes if n.target is torch.ops.aten.linear.default][-1]
     dequantize = linear.args[0]  # dequantize_per_tensor(quantize_per_tensor(x, scale, ...), scale, ...)
     scale = dequantize.args[1]
     weight = linear.args[1]  # dequantize_per_channel(int8, scales, zero points, ...)
     int8, scales = (getattr(reference, a.target) for a in weight.args[:2])
-    row_l1 = (int8.float() * scales[:, None]).abs().sum(1).max().item()
-    return dict(rtol=0, atol=steps * scale * row_l1 * 1.0001 + 1e-6)
+    weights = (int8.float() * scales[:, None]).abs()
+    largest = weights.topk(min(flipped, weights.shape[1]), dim=1).values.sum(1).max().item()
+    return dict(rtol=0, atol=steps * scale * largest * 1.0001 + 1e-6)
 
 
 def groups_of(graph):
@@ -157,11 +161,13 @@ def test_pt2e_through_torch_export():
 def test_pt2e_forms_kept_in_pytorch_stay_right(config):
     # Runtime scales (dynamic quantization) and 7-bit activations (reduce_range: a quantized tensor
     # would clamp at 255, not 127) are not quantized tensors: those ops stay PyTorch's, as PT2E wrote
-    # them, and the result is the reference's.
+    # them, and the result is the reference's: its linears run fused in fp32, so a sum in another
+    # order can flip a code at a rounding boundary. 2e-2: a few such flips (the head's weights are
+    # under 0.13, its input's steps a few hundredths); a wrong quantization is off by far more.
     x = torch.randn(2, 16, 64)
     reference = pt2e(TinyEncoder(), x, **config)
     out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
     with torch.no_grad():
         expected = reference(x)
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, expected, rtol=0, atol=2e-2)
     assert [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed::quantize_per_tensor")]

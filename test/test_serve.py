@@ -40,23 +40,48 @@ class TinyClassifier(nn.Module):
         return self.fc(self.features(x).flatten(1))
 
 
+class TinyEmbedder(nn.Module):
+    """Token ids and a mask in, the masked mean of their projected embeddings out (BERT's interface)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding, self.proj = nn.Embedding(30522, 16), nn.Linear(16, 8)
+
+    def forward(self, ids, mask):
+        hidden = torch.relu(self.proj(self.embedding(ids)))
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * weights).sum(1) / weights.sum(1)
+
+
+def saved(model, example, path):
+    with torch.no_grad():
+        torch.jit.save(torch.jit.freeze(torch.jit.trace(model, example)), path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
     torch.manual_seed(0)
     model = TinyClassifier().eval()
-    path = str(tmp_path_factory.mktemp("serve") / "tiny.pt")
-    with torch.no_grad():
-        torch.jit.save(torch.jit.freeze(torch.jit.trace(model, torch.rand(1, 3, 224, 224))), path)
-    return model, path
+    return model, saved(model, torch.rand(1, 3, 224, 224), str(tmp_path_factory.mktemp("serve") / "tiny.pt"))
 
 
 @pytest.fixture(scope="module")
-def server(model_file):
-    """The example's application serving the small classifier (2 replicas of 1 thread) at /tiny/."""
-    _, path = model_file
-    # Ray counts 4 CPUs (2 here): room for a third replica (a deployment that fails) beside the two.
-    url = run.start(fuse=True, port=PORT, replicas=2, threads=1, models=("tiny",), paths={"tiny": path},
-                    kinds={"tiny": "image"}, cpus=4)
+def embedder_file(tmp_path_factory):
+    torch.manual_seed(0)
+    model = TinyEmbedder().eval()
+    ids = torch.randint(0, 30522, (1, 16))
+    return model, saved(model, (ids, torch.ones_like(ids)), str(tmp_path_factory.mktemp("serve") / "embedder.pt"))
+
+
+@pytest.fixture(scope="module")
+def server(model_file, embedder_file):
+    """The example's application serving the small classifier at /tiny/ and the embedder at
+    /embedder/, 2 replicas of 1 thread each."""
+    # Ray counts 6 CPUs (2 here): room for a fifth replica (a deployment that fails) beside the four.
+    url = run.start(fuse=True, port=PORT, replicas=2, threads=1, models=("tiny", "embedder"),
+                    paths={"tiny": model_file[1], "embedder": embedder_file[1]},
+                    kinds={"tiny": "image", "embedder": "tokens"}, cpus=6)
     yield url
     run.stop()
 
@@ -79,13 +104,39 @@ def classify(url, x):
     return np.load(io.BytesIO(response.content), allow_pickle=False)
 
 
-def test_responses_equal_eager_and_replicas_report_their_stats(server, model_file):
-    model, _ = model_file
-    for rows in (1, 3, 8):
-        x = np.random.rand(rows, 3, 224, 224).astype(np.float32)
-        with torch.no_grad():
-            expected = model(torch.from_numpy(x)).numpy()
-        torch.testing.assert_close(classify(server, x), expected, **FP32)
+def test_concurrent_requests_each_get_their_own_rows(server, model_file, embedder_file):
+    # Requests of several sizes at once: Ray gathers them (@serve.batch), the replica pads and runs
+    # them together and cuts the outputs back. Token rows of several lengths share a padded, masked
+    # batch. Each answer is checked against eager on that request alone.
+    rng = np.random.default_rng(0)
+    requests_ = [("tiny", rng.random((rows, 3, 224, 224), dtype=np.float32)) for rows in (1, 3, 5, 2, 8)] + \
+                [("embedder", rng.integers(0, 30522, (rows, length))) for rows, length in
+                 ((1, 5), (3, 20), (2, 20), (1, 40), (4, 64), (2, 128))]
+    answers = [None] * len(requests_)
+
+    def send(i):
+        name, x = requests_[i]
+        response = requests.post(f"{server}/{name}/", data=npy(x), timeout=120)
+        answers[i] = response
+
+    for _ in range(2):
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests_))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for (name, x), response in zip(requests_, answers):
+            assert response.status_code == 200, response.text
+            with torch.no_grad():
+                if name == "tiny":
+                    expected = model_file[0](torch.from_numpy(x))
+                else:
+                    ids = torch.from_numpy(x)
+                    expected = embedder_file[0](ids, torch.ones_like(ids))
+            torch.testing.assert_close(torch.from_numpy(np.load(io.BytesIO(response.content))), expected, **FP32)
+
+
+def test_replicas_report_their_stats(server):
     stats = requests.get(f"{server}/tiny/stats", timeout=30).json()
     assert stats["fuse"] and stats["threads"] == 1
     assert stats["executions"] > 0 and stats["guard_failures"] == 0  # every padded batch size warmed up
@@ -97,7 +148,7 @@ def test_responses_equal_eager_and_replicas_report_their_stats(server, model_fil
     (npy(np.zeros((2, 3, 32, 32), np.float32)), "float32[2, 3, 32, 32]"),
     (npy(np.zeros((9, 3, 224, 224), np.float32)), "1 <= B <= 8"),
     (b"not an array", "not a .npy array"),
-    (pickled_npy(), "not a .npy array"),  # pickled objects are refused
+    (pickled_npy(), "not object[1]"),  # pickled objects are refused (by the header, before loading)
 ], ids=["dtype", "rank", "size", "rows", "not-npy", "pickle"])
 def test_a_bad_request_is_a_400_naming_the_problem(server, body, says):
     response = requests.post(f"{server}/tiny/", data=body, timeout=60)
@@ -121,22 +172,23 @@ def test_a_model_file_that_does_not_load_fails_its_deployment_only(server, tmp_p
 
 def test_a_killed_replica_loses_no_retried_request(server, model_file):
     # Clients send requests and retry a failed one (examples/serve/load_test.py's post); a replica is
-    # killed mid-traffic, Ray starts another. Every request gets its right answer.
+    # killed mid-traffic, Ray starts another. Every request gets its right answer (each client its
+    # own input and row count).
     from load_test import post
 
     model, _ = model_file
-    x = np.random.rand(2, 3, 224, 224).astype(np.float32)
+    inputs = [np.random.rand(rows, 3, 224, 224).astype(np.float32) for rows in (1, 2, 3)]
     with torch.no_grad():
-        expected = model(torch.from_numpy(x)).numpy()
+        expected = [model(torch.from_numpy(x)).numpy() for x in inputs]
     answers, stop = [], threading.Event()
 
-    def client():
+    def client(k):
         session = requests.Session()
         while not stop.is_set():
-            response, _ = post(session, f"{server}/tiny/", npy(x), retries=20)
-            answers.append(response)
+            response, _ = post(session, f"{server}/tiny/", npy(inputs[k]), retries=20)
+            answers.append((k, response))
 
-    clients = [threading.Thread(target=client) for _ in range(3)]
+    clients = [threading.Thread(target=client, args=(k,)) for k in range(3)]
     for c in clients:
         c.start()
     time.sleep(2)
@@ -147,6 +199,6 @@ def test_a_killed_replica_loses_no_retried_request(server, model_file):
     for c in clients:
         c.join()
     assert len(answers) > 10
-    for response in answers:
+    for k, response in answers:
         assert response is not None and response.status_code == 200, getattr(response, "text", response)
-        torch.testing.assert_close(np.load(io.BytesIO(response.content), allow_pickle=False), expected, **FP32)
+        torch.testing.assert_close(np.load(io.BytesIO(response.content), allow_pickle=False), expected[k], **FP32)

@@ -8,8 +8,8 @@ quantize ops, slower than the fp32 model. Rewritten as torch.quantize_per_tensor
 per-channel quantized weight constant, the graph is the one PyTorch's FX flow produces, which the
 op table maps to oneDNN's int8 kernels (dequantize -> conv/matmul -> post-ops -> quantize).
 
-Only what means the same is rewritten: a quantize or dequantize over the dtype's full range (a
-reduced range, 0..127, clamps where a quantized tensor does not), a weight dequantized from
+Only what means the same is rewritten: a quantize of an fp32 tensor over the dtype's full range
+(a reduced range, 0..127, clamps where a quantized tensor does not), a weight dequantized from
 constants. Anything else (dynamic quantization's runtime scales, out_dtype=bfloat16) stays as PT2E
 wrote it and runs in PyTorch, right and unfused.
 """
@@ -43,13 +43,19 @@ def _full_range(quant_min, quant_max, dtype):
     return dtype in _FULL_RANGE and _FULL_RANGE[dtype][:2] == (quant_min, quant_max)
 
 
+def _fp32(value):
+    """Is this node's value an fp32 tensor? (PT2E quantizes bf16 too, torch.quantize_per_tensor fp32 only.)"""
+    example = value.meta.get("val", value.meta.get("example_value")) if isinstance(value, torch.fx.Node) else None
+    return isinstance(example, torch.Tensor) and example.dtype == torch.float32
+
+
 def lower(graph, is_constant):
     """Rewrites `graph`'s PT2E quantization as quantized tensors (see the module's note).
     is_constant(node): is this node a constant of the graph (a frozen state input)? Returns the
     number of ops rewritten."""
     rewritten = 0
     for node in list(graph.nodes):
-        if _is(node, "quantize_per_tensor") and _params(node) and _full_range(*_params(node)[2:]):
+        if _is(node, "quantize_per_tensor") and _params(node) and _full_range(*_params(node)[2:]) and _fp32(node.args[0]):
             params = _params(node)
             scale, zero_point, _, _, dtype = params
             with graph.inserting_after(node):
@@ -58,10 +64,13 @@ def lower(graph, is_constant):
             for user in list(node.users):
                 with graph.inserting_before(user):
                     if _is(user, "dequantize_per_tensor") and _params(user) == params and user.args[0] is node:
-                        user.replace_all_uses_with(graph.call_method("dequantize", (quantized,)))
+                        dequantized = graph.call_method("dequantize", (quantized,))
+                        dequantized.meta = user.meta.copy()  # its example value: the sizes dynamo.py follows
+                        user.replace_all_uses_with(dequantized)
                         graph.erase_node(user)
                     else:  # a reader of the integers themselves
                         ints = graph.call_method("int_repr", (quantized,))
+                        ints.meta = node.meta.copy()
                         user.replace_input_with(node, ints)
             graph.erase_node(node)
             rewritten += 1
@@ -76,7 +85,9 @@ def lower(graph, is_constant):
                 scales = graph.call_method("double", (scales,))
                 quantized = graph.call_function(torch._make_per_channel_quantized_tensor,
                                                 (weight, scales, zero_points, axis))
-                node.replace_all_uses_with(graph.call_method("dequantize", (quantized,)))
+                dequantized = graph.call_method("dequantize", (quantized,))
+                dequantized.meta = node.meta.copy()
+                node.replace_all_uses_with(dequantized)
             graph.erase_node(node)
             rewritten += 1
     if rewritten:

@@ -18,6 +18,7 @@ the other applications keep serving.
 """
 import io
 import os
+import types
 
 import numpy as np
 import torch
@@ -48,13 +49,33 @@ def check_image(x):
                          f"not {x.dtype}{list(x.shape)}")
 
 
-def check_tokens(x, vocab=30522):
+def check_tokens(x):
     if x.dtype not in (np.int64, np.int32) or x.ndim != 2 or not 1 <= x.shape[0] <= MAX_ROWS \
             or not 1 <= x.shape[1] <= SEQ_BUCKETS[-1]:
         raise ValueError(f"the model takes int64 token ids [B, S] with 1 <= B <= {MAX_ROWS} and 1 <= S <= "
                          f"{SEQ_BUCKETS[-1]}, not {x.dtype}{list(x.shape)}")
+
+
+def check_token_values(x, vocab=30522):
     if x.size and (x.min() < 0 or x.max() >= vocab):
         raise ValueError(f"token ids are in [0, {vocab}): this request has {x.min()}..{x.max()}")
+
+
+def read_npy(body, check):
+    """The array in a .npy body, its header checked first (`check` sees its dtype and shape): a
+    header asking for gigabytes is refused before anything is allocated."""
+    stream = io.BytesIO(body)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(stream)
+    except Exception as e:  # noqa: BLE001 - what is no .npy file
+        raise TypeError(f"it starts with {body[:16]!r} ({str(e)[:100]})") from None
+    check(types.SimpleNamespace(dtype=dtype, shape=shape, ndim=len(shape)))
+    try:
+        return np.load(io.BytesIO(body), allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - a truncated body, pickled objects
+        raise TypeError(str(e)[:200]) from None
 
 
 api = FastAPI()
@@ -135,14 +156,12 @@ class ModelServer:
     async def infer(self, request: Request):
         body = await request.body()
         try:
-            if not body.startswith(b"\x93NUMPY"):
-                raise ValueError(f"it starts with {body[:16]!r}")
-            x = np.load(io.BytesIO(body), allow_pickle=False)
-        except Exception as e:  # noqa: BLE001 - np.load's errors for what is no array of numbers
+            x = read_npy(body, check_image if self.kind == "image" else check_tokens)
+            if self.kind == "tokens":
+                check_token_values(x)
+        except TypeError as e:
             raise HTTPException(status_code=400, detail=f"{self.name}: the body is not a .npy array of numbers "
-                                f"(numpy.save's format): {str(e)[:200]}") from None
-        try:
-            (check_image if self.kind == "image" else check_tokens)(x)
+                                f"(numpy.save's format): {e}") from None
         except ValueError as e:
             raise HTTPException(status_code=400, detail=f"{self.name}: {e}") from None
         return Response(npy(await self.run_batch(x)), media_type="application/octet-stream")
