@@ -55,8 +55,8 @@ def lower(graph, is_constant):
     number of ops rewritten."""
     rewritten = 0
     for node in list(graph.nodes):
-        if _is(node, "quantize_per_tensor") and _params(node) and _full_range(*_params(node)[2:]) and _fp32(node.args[0]):
-            params = _params(node)
+        params = _params(node) if _is(node, "quantize_per_tensor") else None
+        if params and _full_range(*params[2:]) and _fp32(node.args[0]):
             scale, zero_point, _, _, dtype = params
             with graph.inserting_after(node):
                 quantized = graph.call_function(torch.quantize_per_tensor,

@@ -180,8 +180,9 @@ bool fold_fp32_weights(torch::jit::Block* block) {
     auto w = torch::jit::toIValue(n->input(0));
     if (!w || !w->isTensor() || !w->toTensor().is_quantized()) continue;
     torch::jit::WithInsertPoint point(n);
-    Value* fp32 = block->owningGraph()->insertConstant(w->toTensor().dequantize());
-    fp32->setType(TensorType::create(w->toTensor().dequantize()));
+    at::Tensor weight = w->toTensor().dequantize();
+    Value* fp32 = block->owningGraph()->insertConstant(weight);
+    fp32->setType(TensorType::create(weight));
     n->output()->replaceAllUsesWith(fp32);
     folded_any = true;  // the dequantize and the int8 constant go with dead code elimination
   }
