@@ -59,6 +59,7 @@ PYBIND11_MODULE(_C, m) {
     d["kept_buffer_bytes"] = llga::onednn::kept_buffer_bytes();
     d["slow_partitions"] = s.slow_partitions.load();
     d["to_dense_compilations"] = s.to_dense_compilations.load();
+    d["constant_cache_flushes"] = s.constant_cache_flushes.load();
     return d;
   });
   // Each pass alone, for IR-in / IR-out tests (test_passes.py): the graph is changed in place.

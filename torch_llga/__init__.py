@@ -168,6 +168,8 @@ def stats():
     (at most buffer_pool_limit(); release() gives it back);
     to_dense_compilations: reorders compiled to hand LLGA tensors to PyTorch's ops (a fallback
     reading a group's oneDNN-layout output), one per layout, cached;
+    constant_cache_flushes: times oneDNN's constant weight cache was emptied because the weights of
+    dropped modules' groups (which oneDNN keeps until then) outweighed the live ones';
     compile_scripts: TorchScript scripts traced for torch.compile graphs and exported programs (one
     per graph, and one per value of an int argument that is no input's size)."""
     return {**_C._stats(), "compile_scripts": dynamo.traced_scripts}

@@ -66,6 +66,7 @@ class FusionKernel {
   std::string profiler_name_;
   size_t num_inputs_ = 0;
   bool whole_fallback_ = false;  // the partition does not fit the group (see bind)
+  size_t constant_bytes_ = 0;    // of the weights it reads: what oneDNN's constant cache keeps of it (runtime.h)
 
   // A partition with its port ids, in the order of in_ports_ and out_ports_.
   struct Partition {

@@ -83,9 +83,15 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
       profiler_name_ += std::string(profiler_name_.back() == '[' ? "" : "+") + n->kind().toUnqualString();
   profiler_name_ += "]";
   whole_fallback_ = !bind(node);
+  if (!whole_fallback_)
+    for (const InPort& port : in_ports_) constant_bytes_ += port.constant.defined() ? port.constant.nbytes() : 0;
+  runtime::constants_alive(constant_bytes_);
 }
 
-FusionKernel::~FusionKernel() { unregister_kernel(group_id_, this); }
+FusionKernel::~FusionKernel() {
+  unregister_kernel(group_id_, this);
+  runtime::constants_dropped(constant_bytes_);
+}
 
 void FusionKernel::release() {
   cache_.clear();  // a call executing one now holds its own reference

@@ -6,9 +6,11 @@
 #include "onednn/torch_onednn.h"
 
 #include <atomic>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 namespace llga::runtime {
@@ -34,13 +36,53 @@ bool constant_cache_enabled() {
   return dnnl::graph::get_constant_tensor_cache_capacity(dnnl::engine::kind::cpu) > 0;
 }
 
-void flush_constant_cache() {
+namespace {
+void empty_constant_cache() {
   size_t capacity = (engine(), dnnl::graph::get_constant_tensor_cache_capacity(dnnl::engine::kind::cpu));
   if (capacity != 0) {
     dnnl::graph::set_constant_tensor_cache_capacity(dnnl::engine::kind::cpu, 0);  // setting it flushes
     dnnl::graph::set_constant_tensor_cache_capacity(dnnl::engine::kind::cpu, capacity);
   }
+}
+}  // namespace
+
+void flush_constant_cache() {
+  empty_constant_cache();
   onednn::trim_buffer_pool();  // the buffers kept for reuse, the flushed weights among them
+}
+
+namespace {
+// oneDNN 3.12 never removes one entry of the constant cache: a reordered weight stays until the
+// cache is emptied whole, also after its compiled partition and the weight itself are gone (its
+// key holds the partition's id and the weight's address, neither seen again). So kernels report
+// the bytes of their constant inputs as they are made and destroyed, and once the destroyed ones
+// reach the live ones (and at least kFlushAfterDeadBytes) the cache is emptied: it holds at most
+// about twice the live weights, and each live group reorders its weights once more on its next
+// call: the reorders a flush costs are at most the dropped weights'. A server replacing a model
+// of 100 MB: one flush after the old one is dropped. The flushed buffers go to the buffer pool
+// (not trimmed: the live groups' reorders take them again).
+constexpr size_t kFlushAfterDeadBytes = size_t(4) << 20;
+std::mutex g_constants_mutex;
+size_t g_live_constant_bytes = 0, g_dead_constant_bytes = 0;
+}  // namespace
+
+void constants_alive(size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_constants_mutex);
+  g_live_constant_bytes += bytes;
+}
+
+void constants_dropped(size_t bytes) {
+  if (bytes == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(g_constants_mutex);
+    g_live_constant_bytes -= std::min(bytes, g_live_constant_bytes);
+    g_dead_constant_bytes += bytes;
+    if (g_dead_constant_bytes < std::max(g_live_constant_bytes, kFlushAfterDeadBytes)) return;
+    g_dead_constant_bytes = 0;
+  }
+  if (!constant_cache_enabled()) return;
+  stats().constant_cache_flushes.fetch_add(1, std::memory_order_relaxed);
+  empty_constant_cache();
 }
 
 // oneDNN's compiled-partition cache is off where it can return a freed partition's kernel

@@ -53,6 +53,7 @@ struct Stats {
   std::atomic<int64_t> plan_compilations{0};  // small-graph plans compiled (one per plan)
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
   std::atomic<int64_t> slow_partitions{0};    // compiled partitions run unfused: far slower than PyTorch (speed_check.cpp)
+  std::atomic<int64_t> constant_cache_flushes{0};  // emptied because dropped kernels' weights outweighed live ones (runtime.cpp)
   std::atomic<int64_t> to_dense_compilations{0};  // reorders to strided compiled by llga_to_dense (one per layout, to_dense.cpp)
 };
 Stats& stats();
