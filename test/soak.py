@@ -105,8 +105,8 @@ class Soak:
 
     def reload(self, name):
         """A new copy of the model from its file; the old one is dropped once no call holds it
-        (not torch_llga.release()d: calls of it may still be running; oneDNN's constant cache keeps
-        its reordered weights, docs/usage.md)."""
+        (not torch_llga.release()d: calls of it may still be running; its reordered weights go
+        with oneDNN's constant cache's next flush, docs/usage.md)."""
         script = torch.jit.load(self.paths[name])
         with self.lock:
             self.scripts[name] = script

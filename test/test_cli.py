@@ -120,7 +120,7 @@ def test_layer_times_groups_partitions_by_kind():
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OPTIONAL = ["torchvision", "transformers", "matplotlib", "openvino", "onnxruntime", "onnx"]
+OPTIONAL = ["torchvision", "transformers", "matplotlib", "openvino", "onnxruntime", "onnx", "nncf"]
 
 
 def documented_tools():
@@ -171,6 +171,17 @@ def test_the_wheel_holds_every_documented_tool(tmp_path):
 def test_a_missing_optional_package_is_named(module, args, message):
     out = without_optional(module, *args)
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_int8_peers_say_what_to_install():
+    """The int8 run's other runtimes are benchmark extras: without them their cells name the package,
+    and the run goes on with the others."""
+    out = without_optional("torch_llga.bench", "--dtype", "int8", "--models", "mlp", "--rounds", "1", "--sample-ms", "1",
+                           "--backends", "torchscript_fp32,torch_llga,openvino_nncf,onnxruntime_int8")
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| mlp |"))
+    assert "failed: ImportError: openvino is not installed" in row and "failed: ImportError: onnx is not installed" in row
+    assert row.split(" | ")[1].replace(".", "").isdigit(), row  # torchscript_fp32 timed
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")

@@ -29,7 +29,12 @@ requantization dropped). Differences are to the eager reference model. The same 
 torchao's PT2E flow (X86InductorQuantizer's defaults; torchao is a benchmark extra), calibrated on the
 same batches: pt2e_inductor runs it the way PyTorch documents (torch.compile, Inductor, freezing on),
 pt2e_llga through torch.compile(backend="torch_llga"); their column "llga vs PT2E Inductor" is
-pt2e_llga against pt2e_inductor. An int8 run also lists each backend's drift from the fp32 model.
+pt2e_llga against pt2e_inductor. The other runtimes quantize the fp32 model their own documented way
+on the same batches (benchmark extras): openvino_nncf, NNCF's post-training `nncf.quantize` of the
+converted model (its defaults; model_type TRANSFORMER for the attention models), compiled as
+openvino is; onnxruntime_int8, `quantize_static` of the exported model (QDQ, int8 activations and
+weights, per-channel weights), run as onnxruntime is; their differences are to the fp32 model. An
+int8 run also lists each backend's drift from the fp32 model.
 
     python -m torch_llga.bench --dtype int8 --backends torchscript_fp32,fx_x86,torch_llga,pt2e_inductor,pt2e_llga
 
@@ -57,10 +62,12 @@ from torch_llga import _optional
 from torch_llga.bench_models import MODELS, PACKAGE
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
-            "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "openvino", "onnxruntime", "zentorch",
-            "torch_llga_no_plans"]
-INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga"}
+            "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "openvino", "onnxruntime",
+            "openvino_nncf", "onnxruntime_int8", "zentorch", "torch_llga_no_plans"]
+INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "openvino_nncf",
+             "onnxruntime_int8"}
 PT2E = {"pt2e_inductor", "pt2e_llga"}  # run the PT2E-quantized model (torchao), not FX's
+OWN_INT8 = {"torchscript_fp32", "openvino_nncf", "onnxruntime_int8"}  # take the fp32 model (and quantize it themselves)
 NOT_DEFAULT = INT8_ONLY | {"torch_llga_no_plans"}  # asked for by name
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 # Untimed calls before each sample, for this long: ONNX Runtime's worker threads spin 40-75 ms after
@@ -98,6 +105,10 @@ class Backend:
                 self.fn = openvino_fn(model, inputs, dtype)
             elif name == "onnxruntime":
                 self.fn = onnxruntime_fn(model, inputs, dtype)
+            elif name == "openvino_nncf":
+                self.fn = openvino_nncf_fn(model, inputs)
+            elif name == "onnxruntime_int8":
+                self.fn = onnxruntime_int8_fn(model, inputs)
             else:
                 self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
@@ -183,8 +194,26 @@ def openvino_fn(model, inputs, dtype):
     ov = bench_import("openvino")
     if dtype == "bf16":  # OpenVINO's way to bf16: the fp32 model with a bf16 precision hint
         model = copy.deepcopy(model).float()
-    compiled = ov.Core().compile_model(ov.convert_model(model, example_input=tuple(map(numpy_ready, inputs))),
-                                       "CPU", openvino_config(dtype))
+    return openvino_run(ov.convert_model(model, example_input=tuple(map(numpy_ready, inputs))), dtype)
+
+
+def openvino_nncf_fn(model, inputs):
+    """model converted by OpenVINO and quantized by NNCF on calibration_batches(), as a function of
+    torch tensors (NNCF: a benchmark extra)."""
+    ov, nncf = bench_import("openvino"), bench_import("nncf")
+    converted = ov.convert_model(model, example_input=tuple(map(numpy_ready, inputs)))
+    batches = [tuple(numpy_ready(x).numpy() for x in batch) for batch in calibration_batches(inputs)]
+    # NNCF's guidance for attention models: keep their softmax/attention matmuls as it decides for them.
+    transformer = any(s in type(model).__name__.lower() for s in ("bert", "vit", "visiontransformer", "whisper", "t5"))
+    quantized = nncf.quantize(converted, nncf.Dataset(batches), subset_size=len(batches),
+                              model_type=nncf.ModelType.TRANSFORMER if transformer else None)
+    return openvino_run(quantized, "int8")
+
+
+def openvino_run(converted, dtype):
+    """An OpenVINO model compiled for the CPU, as a function of torch tensors."""
+    ov = bench_import("openvino")
+    compiled = ov.Core().compile_model(converted, "CPU", openvino_config(dtype))
     request = compiled.create_infer_request()
 
     # The infer request, its inputs set as zero-copy tensors, then infer(): about half the per-call
@@ -200,11 +229,12 @@ def openvino_fn(model, inputs, dtype):
     return run
 
 
-def onnxruntime_fn(model, inputs, dtype):
-    """model exported to ONNX and run by ONNX Runtime's CPU provider, as a function of torch tensors."""
+def onnxruntime_fn(model, inputs, dtype, quantize=False):
+    """model exported to ONNX and run by ONNX Runtime's CPU provider, as a function of torch tensors;
+    quantize: quantized first by its quantize_static on calibration_batches()."""
     if dtype != "fp32":
         reason = {"bf16": "its CPU provider has no bf16 Gemm, ONNX's Conv no bf16",
-                  "int8": "torch.onnx.export fails on FX's reference int8 model"}[dtype]
+                  "int8": "torch.onnx.export fails on FX's reference int8 model (onnxruntime_int8 quantizes the fp32 one)"}[dtype]
         raise ValueError(f"not applicable to {dtype}, fp32 only: {reason}")
     bench_import("onnx")  # what torch.onnx.export writes with
     ort = bench_import("onnxruntime")
@@ -217,6 +247,8 @@ def onnxruntime_fn(model, inputs, dtype):
         path = os.path.join(tmp, "model.onnx")
         # The TorchScript-based exporter: the torch.export-based default needs onnxscript too.
         torch.onnx.export(model, inputs, path, input_names=names, dynamo=False)
+        if quantize:
+            path = onnxruntime_quantized(path, names, inputs)
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     output = session.get_outputs()[0].name
 
@@ -225,6 +257,32 @@ def onnxruntime_fn(model, inputs, dtype):
         return torch.from_numpy(session.run([output], feed)[0])
 
     return run
+
+
+def onnxruntime_int8_fn(model, inputs):
+    return onnxruntime_fn(model, inputs, "fp32", quantize=True)
+
+
+def onnxruntime_quantized(path, names, inputs):
+    """The ONNX model at path quantized by ONNX Runtime's quantize_static (QDQ, its default int8
+    activations and weights, per channel as its docs advise for convolutions), calibrated on
+    calibration_batches(), after its recommended pre-processing; returns the new file's path."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{n: numpy_ready(x).numpy() for n, x in zip(names, batch)}
+                               for batch in calibration_batches(inputs)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    prepared, quantized = path.replace(".onnx", "_pre.onnx"), path.replace(".onnx", "_int8.onnx")
+    quant_pre_process(path, prepared)
+    quantize_static(prepared, quantized, Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    return quantized
 
 
 class BuiltinFuser:
@@ -315,7 +373,7 @@ def bench_model(name, backends, args):
             row["results"] = {b: {"error": f"quantization: {type(e).__name__}: {str(e).splitlines()[0][:100]}"}
                               for b in backends}
             return row
-        models = {b: model if b == "torchscript_fp32" else native if b == "fx_x86" else reference for b in backends}
+        models = {b: model if b in OWN_INT8 else native if b == "fx_x86" else reference for b in backends}
         if PT2E & set(backends):
             try:
                 pt2e = quantized_pt2e(model, inputs)
@@ -337,7 +395,8 @@ def bench_model(name, backends, args):
             if b in PT2E:
                 with torch.no_grad():
                     own = first(models[b](*inputs)).float()
-            diff = (out - (own if b in PT2E else expected.float())).abs().max().item()
+            own = own if b in PT2E else fp32 if b in OWN_INT8 else expected.float()
+            diff = (out - own).abs().max().item()
             row["results"][b] = {"warmup_ms": backend.warmup_ms, "max_abs_diff": diff, "times": [],
                                  "fp32_max_abs_diff": (out - fp32).abs().max().item(),
                                  "fp32_mean_abs_diff": (out - fp32).abs().mean().item()}
@@ -395,7 +454,8 @@ def ratio_cell(spread):
 def ratio_columns(backends):
     """(heading, baseline backend) of the "torch_llga vs ..." columns: the baselines in this run."""
     cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32"),
-            ("PT2E Inductor", "pt2e_inductor"), ("OpenVINO", "openvino"), ("ORT", "onnxruntime"), ("zentorch", "zentorch"),
+            ("PT2E Inductor", "pt2e_inductor"), ("OpenVINO", "openvino"), ("ORT", "onnxruntime"),
+            ("OpenVINO NNCF", "openvino_nncf"), ("ORT int8", "onnxruntime_int8"), ("zentorch", "zentorch"),
             ("no plans", "torch_llga_no_plans")]
     return [(h, b) for h, b in cols if b in backends]
 
@@ -418,7 +478,8 @@ def markdown(rows, backends, args):
            f"ratios: median of per-round ratios, ~ where their middle half spans 1.00x"
     cols = ratio_columns(backends)
     # Preparation and first calls: torch_llga's and the built-in fuser's, and the other runtimes' in this run.
-    warm = ["torch_llga", "builtin_onednn"] + [b for b in ("openvino", "onnxruntime", "zentorch") if b in backends]
+    warm = ["torch_llga", "builtin_onednn"] + [b for b in ("openvino", "onnxruntime", "openvino_nncf", "onnxruntime_int8",
+                                                          "zentorch") if b in backends]
     warm_heading = " / ".join({"torch_llga": "llga", "builtin_onednn": "built-in"}.get(b, b) for b in warm)
     compile_cols = compile_columns(backends)
     lines = [head, "", "| model | " + " | ".join(backends) + "".join(f" | llga vs {h}" for h, _ in cols) +
