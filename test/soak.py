@@ -172,7 +172,8 @@ def main(argv=None):
               "rss_mb_end": round(samples[-1][1], 1), "slope_mb_per_min": round(slope(after_warm_up), 3),
               "executions": stats["executions"], "compilations": stats["compilations"],
               "evictions": stats["evictions"], "guard_failures": stats["guard_failures"],
-              "kernel_fallbacks": stats["kernel_fallbacks"], "cached_partitions": stats["cached_partitions"]}
+              "kernel_fallbacks": stats["kernel_fallbacks"], "cached_partitions": stats["cached_partitions"],
+              "constant_cache_flushes": stats["constant_cache_flushes"]}
     # The counters agree with each other (nothing negative, no more cached than compiled and not
     # evicted) and with what is alive: nothing cached once every model is gone.
     result["partitions_left_after_release"] = left
