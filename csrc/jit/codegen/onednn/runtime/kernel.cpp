@@ -99,6 +99,7 @@ void FusionKernel::release() {
 
 // Outside the cache's lock (compile_cache.h): other threads' calls go on meanwhile.
 std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c10::ArrayRef<c10::IValue> args) {
+  runtime::flush_dropped_constants();  // a dropped model's weights, once they outweigh the live ones
   auto c = std::make_shared<CompiledPartition>();
   // For the profiled sizes the outputs' sizes (and eager's strides) are known; for other sizes
   // oneDNN infers them, and outputs PyTorch reads come back contiguous.

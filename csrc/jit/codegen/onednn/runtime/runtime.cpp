@@ -56,14 +56,15 @@ namespace {
 // cache is emptied whole, also after its compiled partition and the weight itself are gone (its
 // key holds the partition's id and the weight's address, neither seen again). So kernels report
 // the bytes of their constant inputs as they are made and destroyed, and once the destroyed ones
-// reach the live ones (and at least kFlushAfterDeadBytes) the cache is emptied: it holds at most
-// about twice the live weights, and each live group reorders its weights once more on its next
-// call: the reorders a flush costs are at most the dropped weights'. A server replacing a model
-// of 100 MB: one flush after the old one is dropped. The flushed buffers go to the buffer pool
-// (not trimmed: the live groups' reorders take them again).
+// reach the live ones (and kFlushAfterDeadBytes) the cache is emptied at the next compilation
+// (never in a destructor: one may run at exit, after oneDNN's own statics are gone). The dropped
+// weights it keeps stay about the live ones' size (more where a group caches a weight per input
+// size), and each live group reorders its weights once more: at most the dropped weights' worth.
+// The flushed buffers go to the buffer pool (not trimmed: the live groups' reorders take them).
 constexpr size_t kFlushAfterDeadBytes = size_t(4) << 20;
 std::mutex g_constants_mutex;
 size_t g_live_constant_bytes = 0, g_dead_constant_bytes = 0;
+std::atomic<bool> g_flush_due{false};
 }  // namespace
 
 void constants_alive(size_t bytes) {
@@ -73,14 +74,16 @@ void constants_alive(size_t bytes) {
 
 void constants_dropped(size_t bytes) {
   if (bytes == 0) return;
-  {
-    std::lock_guard<std::mutex> lock(g_constants_mutex);
-    g_live_constant_bytes -= std::min(bytes, g_live_constant_bytes);
-    g_dead_constant_bytes += bytes;
-    if (g_dead_constant_bytes < std::max(g_live_constant_bytes, kFlushAfterDeadBytes)) return;
-    g_dead_constant_bytes = 0;
-  }
-  if (!constant_cache_enabled()) return;
+  std::lock_guard<std::mutex> lock(g_constants_mutex);
+  g_live_constant_bytes -= std::min(bytes, g_live_constant_bytes);
+  g_dead_constant_bytes += bytes;
+  if (g_dead_constant_bytes < std::max(g_live_constant_bytes, kFlushAfterDeadBytes)) return;
+  g_dead_constant_bytes = 0;
+  g_flush_due.store(true, std::memory_order_relaxed);
+}
+
+void flush_dropped_constants() {
+  if (!g_flush_due.exchange(false, std::memory_order_relaxed) || !constant_cache_enabled()) return;
   stats().constant_cache_flushes.fetch_add(1, std::memory_order_relaxed);
   empty_constant_cache();
 }
