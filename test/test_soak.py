@@ -1,8 +1,8 @@
 """The soak (test/soak.py) for three minutes, in its own process: 8 threads, three models, changing
 shapes, reloads; no wrong result, no error, resident memory levelling off.
 
-The long run (python test/soak.py --minutes 60) measures the slope that matters (45 minutes here:
-1.1 MB a minute, BENCHMARKS.md). Three minutes only catch a leak per call: in the first minutes
+The long run (python test/soak.py --minutes 60) measures the slope that matters (0.71 MB a minute
+over the hour, BENCHMARKS.md). Three minutes only catch a leak per call: in the first minutes
 glibc's per-thread heaps are still growing to their working size (heap in use flat, arenas growing
 12, 6, 2, 2 MB in successive rounds of the same work) and the three-minute slope came out 0.9 to
 5 MB a minute in runs of the same code; a leak of 300 bytes a call (about 60,000 calls a minute

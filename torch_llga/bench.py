@@ -108,7 +108,7 @@ class Backend:
             elif name == "openvino_nncf":
                 self.fn = openvino_nncf_fn(model, inputs)
             elif name == "onnxruntime_int8":
-                self.fn = onnxruntime_int8_fn(model, inputs)
+                self.fn = onnxruntime_fn(model, inputs, dtype, quantize=True)
             else:
                 self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
@@ -204,7 +204,7 @@ def openvino_nncf_fn(model, inputs):
     converted = ov.convert_model(model, example_input=tuple(map(numpy_ready, inputs)))
     batches = [tuple(numpy_ready(x).numpy() for x in batch) for batch in calibration_batches(inputs)]
     # NNCF's guidance for attention models: keep their softmax/attention matmuls as it decides for them.
-    transformer = any(s in type(model).__name__.lower() for s in ("bert", "vit", "visiontransformer", "whisper", "t5"))
+    transformer = any("attention" in type(m).__name__.lower() for m in model.modules())
     quantized = nncf.quantize(converted, nncf.Dataset(batches), subset_size=len(batches),
                               model_type=nncf.ModelType.TRANSFORMER if transformer else None)
     return openvino_run(quantized, "int8")
@@ -231,8 +231,8 @@ def openvino_run(converted, dtype):
 
 def onnxruntime_fn(model, inputs, dtype, quantize=False):
     """model exported to ONNX and run by ONNX Runtime's CPU provider, as a function of torch tensors;
-    quantize: quantized first by its quantize_static on calibration_batches()."""
-    if dtype != "fp32":
+    quantize: the fp32 model quantized first by its quantize_static on calibration_batches()."""
+    if dtype != "fp32" and not quantize:
         reason = {"bf16": "its CPU provider has no bf16 Gemm, ONNX's Conv no bf16",
                   "int8": "torch.onnx.export fails on FX's reference int8 model (onnxruntime_int8 quantizes the fp32 one)"}[dtype]
         raise ValueError(f"not applicable to {dtype}, fp32 only: {reason}")
@@ -257,10 +257,6 @@ def onnxruntime_fn(model, inputs, dtype, quantize=False):
         return torch.from_numpy(session.run([output], feed)[0])
 
     return run
-
-
-def onnxruntime_int8_fn(model, inputs):
-    return onnxruntime_fn(model, inputs, "fp32", quantize=True)
 
 
 def onnxruntime_quantized(path, names, inputs):
