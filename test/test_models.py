@@ -96,22 +96,26 @@ def test_segmentation_model():
 def test_diffusion_unet():
     # diffusers' UNet2DConditionModel at a small width: convs with their residual adds, the
     # attention's linears and SDPA, the upsampler's interpolate; group norm stays in PyTorch (quirk
-    # group_norm_slow_kernel).
+    # group_norm_slow_kernel). At 24x24 the first level's self-attention (4 heads of 8 over 576
+    # positions) is torch_llga's small-head kernel, on CPUs with AVX2.
+    # (diffusers' attention_head_dim is the number of heads).
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     unet = diffusers.UNet2DConditionModel(sample_size=16, in_channels=4, out_channels=4, layers_per_block=1,
                                           block_out_channels=(32, 64), norm_num_groups=8, cross_attention_dim=32,
-                                          attention_head_dim=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                          attention_head_dim=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                                           up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
     from torch_llga.bench_models import FirstOf
 
     model = FirstOf(unet, return_dict=False).eval()
-    inputs = (torch.randn(1, 4, 16, 16), torch.tensor([10.0]), torch.randn(1, 8, 32))
+    inputs = (torch.randn(1, 4, 24, 24), torch.tensor([10.0]), torch.randn(1, 8, 32))
     fused = check(model, *inputs, **MODEL_TOL, groups=SOME)
     ops = collections.Counter(op for g in fused.groups for op in g)
     assert ops["_convolution"] == sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     assert ops["upsample_nearest2d"] == 1
     assert set(compute_ops_left(fused, *COMPUTE)) == {"group_norm"}
+    if "avx2" in open("/proc/cpuinfo").read():
+        assert "llga::small_head_attention" in str(fused.graph)
 
 
 def test_speech_encoder():

@@ -517,6 +517,85 @@ def test_sdpa_default_scale_follows_the_head_size():
             torch_llga.set_shape_policy("compile")
 
 
+AVX2 = "avx2" in open("/proc/cpuinfo").read() and " fma" in open("/proc/cpuinfo").read()
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's small-head attention kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("head,keys", [(8, 1024), (16, 1000), (8, 517)])
+def test_attention_of_narrow_heads_over_many_keys_is_torch_llgas_kernel(head, keys):
+    # Heads of 8 or 16 over 512+ keys (a diffusion UNet's self-attention): llga::small_head_attention,
+    # 1.5-2x oneDNN's SDPA kernel; keys padded to 16 inside; fewer queries than keys, 2 batches.
+    # Scores of ~60 (q, k * 3 below) carry rounding errors of ~4e-6 that exp() turns into relative
+    # errors of the weights: eager's own error against float64 reaches 1-2e-5 here (ours the same,
+    # in either direction), so the two are compared at 5e-5, and ours against float64 as well.
+    tol = dict(rtol=1e-5, atol=5e-5)
+    fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c)  # noqa: E731
+    q, k, v = torch.randn(2, 3, keys - 5, head), torch.randn(2, 3, keys, head), torch.randn(2, 3, keys, head)
+    fused = check(fn, q, k, v, groups=[], **tol)
+    assert "llga::small_head_attention" in str(fused.graph)
+    # An explicit scale, the one passed; larger scores, where the softmax's exponentials span more
+    scaled = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.9)  # noqa: E731
+    fused = check(scaled, q * 3, k * 3, v, groups=[], **tol)
+    assert "llga::small_head_attention" in str(fused.graph)
+    exact = scaled(q.double() * 3, k.double() * 3, v.double())
+    ours, eager = (fused(q * 3, k * 3, v) - exact).abs().max(), (scaled(q * 3, k * 3, v) - exact).abs().max()
+    assert ours < 5e-5 and eager < 5e-5, (ours, eager)
+    # NaN in k, and scores that overflow to inf: PyTorch's attention, as eager
+    nan_k = k.clone()
+    nan_k[1, 2, 7, 3] = float("nan")
+    torch.testing.assert_close(fused(q, nan_k, v), scaled(q, nan_k, v), equal_nan=True, **FP32)
+    huge = q * 1e30
+    torch.testing.assert_close(fused(huge, k * 1e10, v), scaled(huge, k * 1e10, v), equal_nan=True, **FP32)
+    # other sizes: still right (the kernel takes any batch, heads and lengths of these head sizes)
+    for a, b, c in ((q[:1, :2, :9], k[:1, :2], v[:1, :2]), (q[..., :4], k[..., :4], v[..., :4])):
+        torch.testing.assert_close(fused(a, b, c), scaled(a, b, c), **tol)
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's small-head attention kernel needs AVX2 and FMA")
+def test_unet_self_attention_projections_fuse_around_the_small_head_kernel():
+    # diffusers' attention processor: q/k/v projections, heads split, SDPA, heads merged, output
+    # projection with its residual add.
+    class SelfAttention(nn.Module):
+        def __init__(self, dim=64, heads=8):
+            super().__init__()
+            self.heads = heads
+            self.q, self.k, self.v = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+            self.out = nn.Linear(dim, dim)
+
+        def forward(self, x):
+            b, n, c = x.shape
+            split = lambda t: t.view(b, n, self.heads, c // self.heads).transpose(1, 2)  # noqa: E731
+            a = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+            return self.out(a.transpose(1, 2).reshape(b, n, c)) + x
+
+    x = torch.randn(1, 1024, 64)
+    fused = check(SelfAttention(), x, groups=SOME)
+    assert "llga::small_head_attention" in str(fused.graph)
+    report = torch_llga.explain(fused.module, x, verbose=False)
+    assert report.own_kernels == ["llga::small_head_attention"] and "own kernel: small_head_attention" in str(report)
+    assert "scaled_dot_product_attention" not in fused.unfused and "softmax" not in str(fused.groups)
+    assert any("linear" in g and "add" in g for g in fused.groups), fused.groups
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's small-head attention kernel needs AVX2 and FMA")
+def test_own_kernels_off_leaves_narrow_heads_to_onednn(monkeypatch):
+    monkeypatch.setenv("TORCH_LLGA_OWN_KERNELS", "0")
+    q, k, v = torch.randn(1, 2, 600, 8), torch.randn(1, 2, 600, 8), torch.randn(1, 2, 600, 8)
+    fused = check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c), q, k, v, groups=[SDPA_GROUP],
+                  rtol=1e-5, atol=5e-5)  # 600-term sums (see above)
+    assert "llga::small_head_attention" not in str(fused.graph)
+
+
+def test_masked_or_short_attention_of_narrow_heads_stays_onednns():
+    # A mask, or fewer than 512 keys: oneDNN's SDPA partition, as before.
+    q, k, v = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 600, 8), torch.randn(1, 2, 600, 8)
+    mask = torch.rand(1, 1, 64, 600) > 0.3
+    fused = check(sdpa, q, k, v, mask, groups=SOME)
+    assert "llga::small_head_attention" not in str(fused.graph) and any("matmul" in g for g in fused.groups)
+    fused = check(lambda a, b, c: sdpa(a, b, c, None), q, k[:, :, :256], v[:, :, :256], groups=SOME)
+    assert "llga::small_head_attention" not in str(fused.graph) and SDPA_GROUP in fused.groups, fused.groups
+
+
 def test_sdpa_oneDNN_cannot_take_whole_stays_in_pytorch(all_partitions):
     # One value per row (v's last dim 1): oneDNN's matmul of one output column is left to PyTorch
     # (quirks::matrix_vector_product), so the attention stays PyTorch's SDPA, not half spelled out

@@ -19,6 +19,18 @@ def small_plans(graph):
             for node in graph.findAllNodes("llga::SmallPlan", True)]
 
 
+# Ops torch_llga runs with a kernel of its own (csrc/jit/codegen/onednn/kernels/), where oneDNN's is
+# slower: what each is for.
+OWN_KERNELS = {
+    "llga::small_head_attention": "attention of 8- or 16-wide heads over 512+ keys",
+}
+
+
+def own_kernels(graph):
+    """The ops of the graph (blocks included) run by torch_llga's own kernels."""
+    return [n.kind() for kind in OWN_KERNELS for n in graph.findAllNodes(kind, True)]
+
+
 def unfused_ops(graph):
     """aten ops the top-level graph runs in PyTorch."""
     return [n.kind().replace("aten::", "") for n in graph.nodes() if n.kind().startswith("aten::")]
@@ -53,6 +65,7 @@ class Explanation:
         self.groups = []      # [{"ops": [...], "inputs": ["float32[1, 3, 224, 224]", ...]}]
         self.unfused = []     # [(op, reason)]
         self.plans = small_plans(graph)  # [[op, ...]]: graphs run whole as one small-graph plan
+        self.own_kernels = own_kernels(graph)  # ["llga::small_head_attention", ...]
         for node in graph.findAllNodes("llga::FusionGroup", True):
             sub = node.g("Subgraph")
             ops = [n.kind().replace("aten::", "") for n in sub.nodes()
@@ -61,7 +74,7 @@ class Explanation:
         self._collect_unfused(graph.block())
         self.guard_fallbacks = guard_fallbacks
         self.nonfinite_fallbacks = nonfinite_fallbacks
-        fused = sum(len(g["ops"]) for g in self.groups) + sum(map(len, self.plans))
+        fused = sum(len(g["ops"]) for g in self.groups) + sum(map(len, self.plans)) + len(self.own_kernels)
         counted = fused + len(self.unfused)
         self.fused_share = fused / counted if counted else 0.0
 
@@ -80,8 +93,11 @@ class Explanation:
 
     def __str__(self):
         fused = sum(len(g["ops"]) for g in self.groups) + sum(map(len, self.plans))
-        lines = [f"{len(self.groups)} partitions, {fused} ops fused, {len(self.unfused)} left to PyTorch; "
+        own = f", {len(self.own_kernels)} run by torch_llga's own kernels" if self.own_kernels else ""
+        lines = [f"{len(self.groups)} partitions, {fused} ops fused{own}, {len(self.unfused)} left to PyTorch; "
                  f"{self.fused_share:.0%} of the ops run fused"]
+        for kind, n in collections.Counter(self.own_kernels).items():
+            lines.append(f"  own kernel: {kind.replace('llga::', '')}{f' x{n}' if n > 1 else ''} ({OWN_KERNELS[kind]})")
         for ops in self.plans:
             counts = collections.Counter(ops)
             summary = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.items())

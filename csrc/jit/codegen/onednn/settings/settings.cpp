@@ -49,6 +49,11 @@ bool fuse_all_partitions() { return g_fuse_all_partitions.load(std::memory_order
 void set_fuse_all_partitions(bool on) { g_fuse_all_partitions.store(on, std::memory_order_relaxed); }
 ShapePolicy shape_policy() { return g_shape_policy.load(std::memory_order_relaxed); }
 void set_shape_policy(ShapePolicy p) { g_shape_policy.store(p, std::memory_order_relaxed); }
+bool own_kernels_enabled() {
+  const char* v = std::getenv("TORCH_LLGA_OWN_KERNELS");
+  return !v || std::strcmp(v, "0") != 0;
+}
+
 bool small_plans_enabled() { return g_small_plans.load(std::memory_order_relaxed); }
 void set_small_plans_enabled(bool on) { g_small_plans.store(on, std::memory_order_relaxed); }
 int64_t cache_capacity() { return g_cache_capacity.load(std::memory_order_relaxed); }

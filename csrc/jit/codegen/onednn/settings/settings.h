@@ -35,6 +35,10 @@ void set_shape_policy(ShapePolicy p);
 bool small_plans_enabled();
 void set_small_plans_enabled(bool on);
 
+// Whether patterns torch_llga has its own kernel for (kernels/) run it rather than oneDNN's; on
+// unless TORCH_LLGA_OWN_KERNELS=0 when a graph is optimized (read then, for A/B comparisons).
+bool own_kernels_enabled();
+
 // Compiled partitions each group keeps (one per input layout/shape), least recently used evicted first.
 int64_t cache_capacity();
 void set_cache_capacity(int64_t n);

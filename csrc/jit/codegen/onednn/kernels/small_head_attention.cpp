@@ -1,0 +1,252 @@
+// llga::small_head_attention: softmax(q k^T * scale) v for heads of 8 or 16 values over many keys,
+// fp32, on AVX2 + FMA (a diffusion UNet's self-attention: 8 heads of 8 over 1,024 positions).
+//
+// With heads this narrow, attention is its softmax: each score costs one multiply-add per value in
+// either matmul and one exponential. oneDNN's SDPA kernel runs the two matmuls as gemms with a
+// reduction of 8 (~25 GFLOP/s here). This kernel takes four query rows at a time:
+//   1. their scores against 16 keys at a time, eight accumulators (a key's values are read once
+//      for the four rows);
+//   2. each row's maximum, then exp(score - max) in place, vectorized, and the row's sum;
+//   3. the values weighted by the four rows' probabilities, two keys at a time, eight accumulators.
+// The four rows' scores (4 x keys floats) stay in L1, a head's K^T and V in L2. Keys are padded to
+// 16 with zero values and scores of -inf, which add e^-87.3 * 0 to the output and ~1e-38 to a sum of
+// at least 1.
+//
+// Anything else (other head sizes, dtypes, a CPU without AVX2/FMA, NaN or Inf in q, k or v, scores
+// that overflow) is PyTorch's scaled_dot_product_attention: the same result as eager.
+#include "jit/codegen/onednn/kernels/small_head_attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace llga {
+
+namespace {
+
+constexpr int kRows = 4;   // query rows at a time
+constexpr int kKeyStep = 16;  // keys per step of the scores (two registers)
+
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+// exp(x) for x <= 0 (scores minus their row's maximum): 2^n * e^r with n = round(x / ln 2) and
+// |r| <= ln 2 / 2, e^r by Cephes' expf polynomial (~1 ulp; a degree-5 fit, 3 multiply-adds fewer,
+// doubled the kernel's error against float64 and saved no time measurable here). n is rounded by
+// adding 1.5 * 2^23 + 127, which leaves n + 127, the exponent's bits, at the bottom of the sum's
+// mantissa. Below -87.3 it gives e^-87.3 (~1e-38, a normal float), not 0: nothing a sum of at
+// least 1 (the maximum's own term) can see.
+[[gnu::target("avx2,fma")]] inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 magic = _mm256_set1_ps(12583039.0f);  // 1.5 * 2^23 + 127
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
+  const __m256 n = _mm256_sub_ps(t, magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)));
+}
+
+[[gnu::target("avx2,fma")]] inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+[[gnu::target("avx2,fma")]] inline float horizontal_max(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Whether every float of a contiguous buffer is finite (x - x is 0 exactly then, NaN otherwise).
+[[gnu::target("avx2,fma")]] bool all_finite(const float* x, int64_t n) {
+  __m256 ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    ok = _mm256_and_ps(ok, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_EQ_OQ));
+  }
+  bool finite = _mm256_movemask_ps(ok) == 0xff;
+  for (; i < n; ++i) finite = finite && std::isfinite(x[i]);
+  return finite;
+}
+
+// Step 1: s[r][j] = q[r] . kt[:, j] for four rows q [kRows][D] (scaled) and padded keys kt [D][padded].
+template <int D>
+[[gnu::target("avx2,fma")]] void scores(const float* q, const float* kt, int64_t padded, float* s) {
+  for (int64_t j = 0; j < padded; j += kKeyStep) {
+    __m256 acc[kRows][2];
+    #pragma GCC unroll 4
+    for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+#pragma GCC unroll 16
+    for (int d = 0; d < D; ++d) {
+      const __m256 k0 = _mm256_loadu_ps(kt + d * padded + j), k1 = _mm256_loadu_ps(kt + d * padded + j + 8);
+      #pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 qb = _mm256_broadcast_ss(q + r * D + d);
+        acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
+      }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      _mm256_storeu_ps(s + r * padded + j, acc[r][0]);
+      _mm256_storeu_ps(s + r * padded + j + 8, acc[r][1]);
+    }
+  }
+}
+
+// Step 2: one row's scores -> exp(score - max) (the padding's -inf included); returns their sum,
+// or NaN where the scores overflowed (the row's maximum is not finite).
+[[gnu::target("avx2,fma")]] float exponentials(float* s, int64_t keys, int64_t padded) {
+  for (int64_t j = keys; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
+  __m256 row_max = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < padded; j += 8) row_max = _mm256_max_ps(row_max, _mm256_loadu_ps(s + j));
+  const float max = horizontal_max(row_max);
+  if (!std::isfinite(max)) return std::numeric_limits<float>::quiet_NaN();
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < padded; j += 16) {  // two at a time: each is a long chain of dependent steps
+    const __m256 e0 = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+    const __m256 e1 = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), m));
+    _mm256_storeu_ps(s + j, e0);
+    _mm256_storeu_ps(s + j + 8, e1);
+    sum = _mm256_add_ps(sum, _mm256_add_ps(e0, e1));
+  }
+  return horizontal_sum(sum);
+}
+
+// Step 3: out[r] = sum_j p[r][j] v[j] / sums[r] for the block's first `rows` rows; v [padded][D].
+template <int D>
+[[gnu::target("avx2,fma")]] void weighted_values(const float* p, const float* v, int64_t padded, const float* sums, int rows,
+                                                 float* out) {
+  __m256 acc[kRows][2];
+  #pragma GCC unroll 4
+  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+  alignas(32) float result[kRows][D];
+  if constexpr (D == 8) {  // a key's values are one register: two keys at a time
+    for (int64_t j = 0; j < padded; j += 2) {
+      const __m256 v0 = _mm256_loadu_ps(v + j * 8), v1 = _mm256_loadu_ps(v + j * 8 + 8);
+      #pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) {
+        acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * padded + j), v0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * padded + j + 1), v1, acc[r][1]);
+      }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(result[r], _mm256_add_ps(acc[r][0], acc[r][1]));
+  } else {  // 16 values: two registers a key
+    for (int64_t j = 0; j < padded; ++j) {
+      const __m256 v0 = _mm256_loadu_ps(v + j * 16), v1 = _mm256_loadu_ps(v + j * 16 + 8);
+      #pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 pb = _mm256_broadcast_ss(p + r * padded + j);
+        acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+      }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      _mm256_storeu_ps(result[r], acc[r][0]);
+      _mm256_storeu_ps(result[r] + 8, acc[r][1]);
+    }
+  }
+  // Through a buffer: the accumulators stay registers only where no loop of a variable count reads them.
+  for (int r = 0; r < rows; ++r)
+    for (int d = 0; d < D; ++d) out[r * D + d] = result[r][d] / sums[r];
+}
+
+// q [heads, queries, D], kt [heads, D, padded], v [heads, padded, D], out [heads, queries, D].
+// False where some row's scores overflowed.
+template <int D>
+bool attend(const float* q, const float* kt, const float* v, int64_t heads, int64_t queries, int64_t keys,
+            int64_t padded, float scale, float* out) {
+  const int64_t blocks = (queries + kRows - 1) / kRows;
+  std::atomic<bool> overflow{false};
+  at::parallel_for(0, heads * blocks, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(kRows * padded);
+    float qb[kRows * D], sums[kRows];
+    for (int64_t task = begin; task < end && !overflow.load(std::memory_order_relaxed); ++task) {
+      const int64_t h = task / blocks, first = task % blocks * kRows;
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, queries - first));
+      for (int r = 0; r < kRows; ++r)
+        for (int d = 0; d < D; ++d) qb[r * D + d] = r < rows ? q[((h * queries) + first + r) * D + d] * scale : 0.0f;
+      scores<D>(qb, kt + h * D * padded, padded, s.data());
+      #pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) {
+        sums[r] = exponentials(s.data() + r * padded, keys, padded);
+        if (r < rows && std::isnan(sums[r])) overflow.store(true, std::memory_order_relaxed);
+      }
+      weighted_values<D>(s.data(), v + h * padded * D, padded, sums, rows, out + (h * queries + first) * D);
+    }
+  });
+  return !overflow.load();
+}
+
+at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
+  return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, false, scale);
+}
+
+at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
+  auto fits = [](const at::Tensor& t) {
+    return t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.requires_grad();
+  };
+  if (!cpu_has_avx2_fma() || !fits(q) || !fits(k) || !fits(v)) return pytorch_attention(q, k, v, scale);
+  const int64_t D = q.size(3), keys = k.size(2);
+  if ((D != 8 && D != 16) || k.size(3) != D || v.size(3) != D || v.size(2) != keys || keys == 0 || q.size(0) != k.size(0) ||
+      q.size(0) != v.size(0) || q.size(1) != k.size(1) || q.size(1) != v.size(1))
+    return pytorch_attention(q, k, v, scale);
+  const float s = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D)));
+  const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2);
+  const int64_t padded = (keys + kKeyStep - 1) / kKeyStep * kKeyStep;
+  at::Tensor qc = q.contiguous();
+  // K^T and V with the keys padded by zeros.
+  at::Tensor kt = at::zeros({batch, heads, D, padded}, q.options()), vp = at::zeros({batch, heads, padded, D}, q.options());
+  kt.narrow(3, 0, keys).copy_(k.transpose(2, 3));
+  vp.narrow(2, 0, keys).copy_(v);
+  // NaN or Inf anywhere: PyTorch's kernel says what they become.
+  for (const at::Tensor* t : {&qc, &kt, &vp})
+    if (!all_finite(t->const_data_ptr<float>(), t->numel())) return pytorch_attention(q, k, v, scale);
+  at::Tensor out = at::empty({batch, heads, queries, D}, q.options());
+  auto run = D == 8 ? attend<8> : attend<16>;
+  bool done = run(qc.const_data_ptr<float>(), kt.const_data_ptr<float>(), vp.const_data_ptr<float>(), batch * heads, queries,
+                  keys, padded, s, out.mutable_data_ptr<float>());
+  return done ? out : pytorch_attention(q, k, v, scale);
+}
+
+torch::jit::RegisterOperators registered({torch::jit::Operator(
+    "llga::small_head_attention(Tensor query, Tensor key, Tensor value, float? scale) -> Tensor",
+    [](torch::jit::Stack& stack) {
+      auto scale = torch::jit::pop(stack).toOptional<double>();
+      at::Tensor v = torch::jit::pop(stack).toTensor();
+      at::Tensor k = torch::jit::pop(stack).toTensor();
+      at::Tensor q = torch::jit::pop(stack).toTensor();
+      torch::jit::push(stack, small_head_attention(q, k, v, scale));
+    },
+    c10::AliasAnalysisKind::FROM_SCHEMA)});
+
+}  // namespace
+
+bool small_head_attention_runs(int64_t head_size, int64_t keys) {
+  return cpu_has_avx2_fma() && (head_size == 8 || head_size == 16) && keys >= kSmallHeadAttentionMinKeys;
+}
+
+}  // namespace llga
