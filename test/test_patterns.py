@@ -1170,3 +1170,50 @@ def test_projections_of_one_input_are_one_matmul():
 
 def test_projections_with_a_bias_stay_apart():
     check(Projections(bias=True), torch.randn(2, 5, 64), groups=[["linear"], ["linear"], ["linear", "relu"]])
+
+
+class GatedFeedForward(nn.Module):
+    """diffusers' GEGLU feed-forward (proj, chunk, h * gelu(gate), out) or a SiLU-gated one (Phi-3's
+    gate_up_proj, with or without a bias), with the residual add."""
+
+    def __init__(self, dim=32, hidden=64, gelu=True, bias=True):
+        super().__init__()
+        self.gelu = gelu
+        self.proj, self.out = nn.Linear(dim, 2 * hidden, bias=bias), nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x):
+        if self.gelu:
+            h, gate = self.proj(x).chunk(2, dim=-1)
+            return self.out(h * F.gelu(gate)) + x
+        gate, up = self.proj(x).chunk(2, dim=-1)
+        return self.out(F.silu(gate) * up) + x
+
+
+@pytest.mark.parametrize("gelu", [True, False])
+def test_a_chunked_projection_is_one_linear_per_chunk(gelu):
+    # Each chunk of the projection's output was a strided view oneDNN takes into no partition (the
+    # activation ran in PyTorch on a slice); split into a linear per chunk (split_chunked_linears.cpp),
+    # the linears, the activation and the product are one partition with the output projection.
+    act = ["gelu"] if gelu else ["sigmoid", "mul"]
+    fused = check(GatedFeedForward(gelu=gelu), torch.randn(2, 40, 32), groups=SOME)
+    group = next(g for g in fused.groups if "linear" in g)
+    assert group.count("linear") == 3 and all(op in group for op in act + ["mul"]), fused.groups
+    assert not {"chunk", "slice", "gelu", "sigmoid", "silu"} & set(fused.unfused), fused.unfused
+
+
+def test_a_bias_free_chunked_projection_stays_one_matmul():
+    # merge_parallel_linears.cpp stacks a decoder's bias-free gate and up projections (faster for
+    # decoding's one row): such a projection, chunked, is not split either.
+    fused = check(GatedFeedForward(gelu=False, bias=False), torch.randn(2, 40, 32), groups=SOME)
+    assert [g.count("linear") for g in fused.groups if "linear" in g] == [1, 1], fused.groups
+
+
+def test_a_projection_read_beside_its_chunks_stays_whole():
+    class Both(GatedFeedForward):
+        def forward(self, x):
+            y = self.proj(x)
+            h, gate = y.chunk(2, dim=-1)
+            return self.out(h * F.gelu(gate)), y.sum(-1)
+
+    fused = check(Both(), torch.randn(2, 40, 32), groups=SOME)
+    assert sum(g.count("linear") for g in fused.groups) == 2, fused.groups

@@ -19,6 +19,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   torch::jit::RemoveProfileNodesAndSpecializeTypes(g);
   RemoveMutation(g);
   ComposeRmsNorm(g);
+  SplitChunkedLinears(g);
   DecomposeOps(g);
   MergeParallelLinears(g);
   PrepareBinary(g);
