@@ -184,6 +184,24 @@ def test_the_int8_peers_say_what_to_install():
     assert row.split(" | ")[1].replace(".", "").isdigit(), row  # torchscript_fp32 timed
 
 
+def test_int8_drift_over_random_inputs():
+    # --drift-inputs N: max / mean abs difference from the fp32 model and top-1 agreement over N
+    # random inputs; the fp32 model's own TorchScript agrees fully.
+    out = subprocess.run([sys.executable, "-m", "torch_llga.bench", "--dtype", "int8", "--models", "mlp", "--rounds", "1",
+                          "--sample-ms", "1", "--backends", "torchscript_fp32,torch_llga", "--drift-inputs", "5"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    table = out.stdout.split("over 5 random inputs")[1]
+    fp32, llga = next(line for line in table.splitlines() if line.startswith("| mlp |")).strip(" |").split(" | ")[1:]
+    assert fp32.endswith(", 100.0%") and float(fp32.split(" / ")[0]) < 1e-4, fp32
+    max_abs, rest = llga.split(" / ")
+    # (the random MLP's logits lie close together: int8 changes its top-1 on some inputs)
+    assert 0 < float(max_abs) < 1 and 0 <= float(rest.split(", ")[1].rstrip("%")) <= 100, llga
+    bad = subprocess.run([sys.executable, "-m", "torch_llga.bench", "--models", "mlp", "--drift-inputs", "5"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "use it with --dtype int8" in bad.stderr
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
 def test_the_llm_bench_says_how_to_get_its_openvino_backend():
     code = ("import runpy, sys; sys.modules['optimum'] = None; sys.argv = ['torch_llga.bench_llm', *sys.argv[1:]]; "

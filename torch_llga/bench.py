@@ -34,7 +34,8 @@ on the same batches (benchmark extras): openvino_nncf, NNCF's post-training `nnc
 converted model (its defaults; model_type TRANSFORMER for the attention models), compiled as
 openvino is; onnxruntime_int8, `quantize_static` of the exported model (QDQ, int8 activations and
 weights, per-channel weights), run as onnxruntime is; their differences are to the fp32 model. An
-int8 run also lists each backend's drift from the fp32 model.
+int8 run also lists each backend's drift from the fp32 model; --drift-inputs 1000 measures it over
+1,000 random inputs as well (max and mean abs difference, top-1 agreement).
 
     python -m torch_llga.bench --dtype int8 --backends torchscript_fp32,fx_x86,torch_llga,pt2e_inductor,pt2e_llga
 
@@ -308,6 +309,40 @@ def progress(text):
     sys.stderr.flush()
 
 
+def random_inputs_like(inputs, seed):
+    """Random inputs shaped like the example's: floats normal, integer inputs (token ids) uniform below
+    the example's largest value plus one; an input of one value throughout (a mask of ones) as it is."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for x in inputs:
+        if x.is_floating_point():
+            out.append(torch.randn(x.shape, generator=g).to(x.dtype))
+        elif x.numel() and bool((x == x.flatten()[0]).all()):
+            out.append(x)
+        else:
+            out.append(torch.randint(0, int(x.max()) + 1, x.shape, generator=g, dtype=x.dtype))
+    return tuple(out)
+
+
+def drift_over_inputs(model, ready, inputs, n):
+    """Each backend's output against the fp32 model's on n random inputs: {backend: max abs, mean abs
+    difference, share of rows whose top-1 (argmax over the last dim) agrees}."""
+    acc = {b.name: {"max": 0.0, "sum": 0.0, "count": 0, "agree": 0, "rows": 0} for b in ready}
+    for i in range(n):
+        progress(f"drift: input {i + 1}/{n}")
+        x = random_inputs_like(inputs, 1000 + i)
+        with torch.no_grad():
+            ref = first(model(*x)).float()
+            for b in ready:
+                out = first(b.fn(*x)).float()
+                a, d = acc[b.name], (out - ref).abs()
+                a["max"], a["sum"], a["count"] = max(a["max"], d.max().item()), a["sum"] + d.sum().item(), a["count"] + d.numel()
+                a["agree"] += int((out.argmax(-1) == ref.argmax(-1)).sum())
+                a["rows"] += ref.argmax(-1).numel()
+    return {name: {"max_abs": a["max"], "mean_abs": a["sum"] / a["count"], "top1_agreement": a["agree"] / a["rows"],
+                   "inputs": n} for name, a in acc.items()}
+
+
 def calibration_batches(inputs, n=4):
     """The batches every int8 flow calibrates on: random ones like the inputs, the same for all."""
     generator = torch.Generator().manual_seed(0)
@@ -401,6 +436,9 @@ def bench_model(name, backends, args):
             row["results"][b] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
     if not ready:
         return row
+    if args.dtype == "int8" and args.drift_inputs:
+        for b, drift in drift_over_inputs(model, ready, inputs, args.drift_inputs).items():
+            row["results"][b]["drift"] = drift
     # Calls per sample: enough that one sample lasts about --sample-ms (timer and scheduler noise).
     once = min(bk.time_ms(1) for bk in ready)
     repeat = max(1, min(10000, round(args.sample_ms / max(once, 1e-3))))
@@ -501,6 +539,14 @@ def markdown(rows, backends, args):
             cells = [f"{r['fp32_max_abs_diff']:.3g} / {r['fp32_mean_abs_diff']:.3g}" if "fp32_max_abs_diff" in r else "-"
                      for r in (row["results"].get(b, {}) for b in backends)]
             lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
+        if args.drift_inputs:
+            lines += ["", f"drift from fp32 over {args.drift_inputs} random inputs (max / mean abs difference of the "
+                      "output; top-1 agreement: rows whose argmax over the last dim is the fp32 model's):", "",
+                      "| model | " + " | ".join(backends) + " |", "|---" * (len(backends) + 1) + "|"]
+            for row in rows:
+                cells = [f"{d['max_abs']:.3g} / {d['mean_abs']:.3g}, {100 * d['top1_agreement']:.1f}%" if d else "-"
+                         for d in (row["results"].get(b, {}).get("drift") for b in backends)]
+                lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
     ratios = [ratio(row, "builtin_onednn", "torch_llga") for row in rows]
     ratios = [r for r in ratios if r]
     if ratios:
@@ -551,6 +597,9 @@ def main(argv=None):
     # whole fp32 run at 150 ms takes about three minutes.
     parser.add_argument("--sample-ms", type=float, default=150.0,
                         help="timed calls per backend per round: enough for about this long (at least one)")
+    parser.add_argument("--drift-inputs", type=int, default=0, metavar="N",
+                        help="with --dtype int8: each backend's drift from the fp32 model over N random inputs "
+                             "(max and mean abs difference, top-1 agreement), besides the example's")
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--out", help="write <out>.md (the table) and <out>.png (a bar chart: needs matplotlib)")
     args = parser.parse_args(argv)
@@ -574,6 +623,8 @@ def main(argv=None):
             parser.error(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
         if b in INT8_ONLY and args.dtype != "int8":
             parser.error(f"backend {b} is an int8 comparison: use it with --dtype int8")
+    if args.drift_inputs and args.dtype != "int8":
+        parser.error("--drift-inputs measures int8 drift: use it with --dtype int8")
     if args.out and not _optional.installed("matplotlib"):
         parser.error(_optional.missing("--out (its chart)", "matplotlib"))
     for m in list(models):
