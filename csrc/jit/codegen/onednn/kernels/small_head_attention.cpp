@@ -89,24 +89,29 @@ bool cpu_has_avx2_fma() {
   return finite;
 }
 
+// acc[r][0] += a[r * stride] * b0 and acc[r][1] += a[r * stride] * b1 for the four rows: a row's
+// value broadcast against two registers (of keys in step 1, of values in step 3).
+[[gnu::target("avx2,fma")]] inline void multiply_add_rows(__m256 (&acc)[kRows][2], const float* a, int64_t stride, __m256 b0,
+                                                          __m256 b1) {
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r) {
+    const __m256 ab = _mm256_broadcast_ss(a + r * stride);
+    acc[r][0] = _mm256_fmadd_ps(ab, b0, acc[r][0]);
+    acc[r][1] = _mm256_fmadd_ps(ab, b1, acc[r][1]);
+  }
+}
+
 // Step 1: s[r][j] = q[r] . kt[:, j] for four rows q [kRows][D] (scaled) and padded keys kt [D][padded].
 template <int D>
 [[gnu::target("avx2,fma")]] void scores(const float* q, const float* kt, int64_t padded, float* s) {
   for (int64_t j = 0; j < padded; j += kKeyStep) {
     __m256 acc[kRows][2];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
 #pragma GCC unroll 16
-    for (int d = 0; d < D; ++d) {
-      const __m256 k0 = _mm256_loadu_ps(kt + d * padded + j), k1 = _mm256_loadu_ps(kt + d * padded + j + 8);
-      #pragma GCC unroll 4
-      for (int r = 0; r < kRows; ++r) {
-        const __m256 qb = _mm256_broadcast_ss(q + r * D + d);
-        acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
-      }
-    }
-    #pragma GCC unroll 4
+    for (int d = 0; d < D; ++d)
+      multiply_add_rows(acc, q + d, D, _mm256_loadu_ps(kt + d * padded + j), _mm256_loadu_ps(kt + d * padded + j + 8));
+#pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       _mm256_storeu_ps(s + r * padded + j, acc[r][0]);
       _mm256_storeu_ps(s + r * padded + j + 8, acc[r][1]);
@@ -139,31 +144,24 @@ template <int D>
 [[gnu::target("avx2,fma")]] void weighted_values(const float* p, const float* v, int64_t padded, const float* sums, int rows,
                                                  float* out) {
   __m256 acc[kRows][2];
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
   for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
   alignas(32) float result[kRows][D];
   if constexpr (D == 8) {  // a key's values are one register: two keys at a time
     for (int64_t j = 0; j < padded; j += 2) {
       const __m256 v0 = _mm256_loadu_ps(v + j * 8), v1 = _mm256_loadu_ps(v + j * 8 + 8);
-      #pragma GCC unroll 4
+#pragma GCC unroll 4
       for (int r = 0; r < kRows; ++r) {
         acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * padded + j), v0, acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * padded + j + 1), v1, acc[r][1]);
       }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(result[r], _mm256_add_ps(acc[r][0], acc[r][1]));
   } else {  // 16 values: two registers a key
-    for (int64_t j = 0; j < padded; ++j) {
-      const __m256 v0 = _mm256_loadu_ps(v + j * 16), v1 = _mm256_loadu_ps(v + j * 16 + 8);
-      #pragma GCC unroll 4
-      for (int r = 0; r < kRows; ++r) {
-        const __m256 pb = _mm256_broadcast_ss(p + r * padded + j);
-        acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
-      }
-    }
-    #pragma GCC unroll 4
+    for (int64_t j = 0; j < padded; ++j)
+      multiply_add_rows(acc, p + j, padded, _mm256_loadu_ps(v + j * 16), _mm256_loadu_ps(v + j * 16 + 8));
+#pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       _mm256_storeu_ps(result[r], acc[r][0]);
       _mm256_storeu_ps(result[r] + 8, acc[r][1]);
@@ -190,7 +188,7 @@ bool attend(const float* q, const float* kt, const float* v, int64_t heads, int6
       for (int r = 0; r < kRows; ++r)
         for (int d = 0; d < D; ++d) qb[r * D + d] = r < rows ? q[((h * queries) + first + r) * D + d] * scale : 0.0f;
       scores<D>(qb, kt + h * D * padded, padded, s.data());
-      #pragma GCC unroll 4
+#pragma GCC unroll 4
       for (int r = 0; r < kRows; ++r) {
         sums[r] = exponentials(s.data() + r * padded, keys, padded);
         if (r < rows && std::isnan(sums[r])) overflow.store(true, std::memory_order_relaxed);
