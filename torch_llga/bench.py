@@ -310,13 +310,15 @@ def progress(text):
 
 
 def random_inputs_like(inputs, seed):
-    """Random inputs shaped like the example's: floats normal, integer inputs (token ids) uniform below
-    the example's largest value plus one; an input of one value throughout (a mask of ones) as it is."""
+    """Random inputs shaped like the example's, from what the int8 flows calibrate on: floats uniform
+    in [0, 1) (as calibration_batches(); normal ones, out of the calibrated range, saturated every
+    int8 model alike), integer inputs (token ids) uniform below the example's largest value plus one;
+    an input of one value throughout (a mask of ones) as it is."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for x in inputs:
         if x.is_floating_point():
-            out.append(torch.randn(x.shape, generator=g).to(x.dtype))
+            out.append(torch.rand(x.shape, generator=g, dtype=x.dtype))
         elif x.numel() and bool((x == x.flatten()[0]).all()):
             out.append(x)
         else:
