@@ -11,6 +11,7 @@
 #include <torch/csrc/jit/jit_log.h>
 
 #include <ATen/ATen.h>
+#include <c10/util/strides.h>
 
 #include <map>
 #include <utility>
@@ -49,8 +50,8 @@ void merge(const std::shared_ptr<Graph>& g, const Linears& linears) {
   auto out = first->output()->type()->expect<TensorType>();
   std::vector<int64_t> sizes = *out->sizes().concrete_sizes();
   sizes.back() = stacked.size(0);
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t i = sizes.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * sizes[i + 1];
+  auto contiguous = c10::contiguous_strides(sizes);
+  std::vector<int64_t> strides(contiguous.begin(), contiguous.end());  // the merged output's, and its slices'
 
   torch::jit::WithInsertPoint point(first);
   Value* w = g->insertConstant(stacked);

@@ -29,27 +29,25 @@ using torch::jit::TensorType;
 // `chunk` is prim::ConstantChunk (the executor's form of `aten::chunk` + `prim::ListUnpack`) of
 // linear(x, W, b) along its last dim, W and b constant, nothing else reading or writing the
 // linear's output: split it.
-bool split(const std::shared_ptr<Graph>& g, Node* chunk, const torch::jit::AliasDb& db) {
+void split(const std::shared_ptr<Graph>& g, Node* chunk, const torch::jit::AliasDb& db) {
   Node* linear = chunk->input(0)->node();
   if (linear->kind() != c10::aten::linear || linear->inputs().size() != 3 || linear->output()->uses().size() != 1 ||
       db.hasWriters(linear->output()))
-    return false;
+    return;
   const int64_t chunks = chunk->i(c10::attr::chunks), dim = chunk->i(c10::attr::dim);
   auto weight = torch::jit::toIValue(linear->input(1));
   auto bias = torch::jit::toIValue(linear->input(2));
   auto out = linear->output()->type()->cast<TensorType>();
   if (!weight || !weight->isTensor() || !bias || !bias->isTensor() || !out || !out->isComplete())
-    return false;
+    return;
   const at::Tensor& w = weight->toTensor();
   const int64_t rank = static_cast<int64_t>(*out->dim());
   if ((dim != -1 && dim != rank - 1) || w.dim() != 2 || chunks < 2 || w.size(0) % chunks != 0 ||
       static_cast<int64_t>(chunk->outputs().size()) != chunks)
-    return false;
+    return;
   const int64_t columns = w.size(0) / chunks;
   std::vector<int64_t> sizes = *out->sizes().concrete_sizes();
   sizes.back() = columns;
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t i = sizes.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * sizes[i + 1];
 
   torch::jit::WithInsertPoint point(linear);
   for (int64_t i = 0; i < chunks; ++i) {
@@ -57,19 +55,18 @@ bool split(const std::shared_ptr<Graph>& g, Node* chunk, const torch::jit::Alias
     Value* bi = g->insertConstant(bias->toTensor().narrow(0, i * columns, columns).contiguous());
     Node* part = g->create(c10::aten::linear, {linear->input(0), wi, bi});
     part->insertBefore(linear);
-    part->output()->setType(out->withSizesStrides(sizes, strides));
+    part->output()->setType(out->withSizes(sizes));  // contiguous
     chunk->output(i)->replaceAllUsesWith(part->output());
   }
   chunk->destroy();
   linear->destroy();
-  return true;
 }
 
 void split_block(const std::shared_ptr<Graph>& g, torch::jit::Block* b, const torch::jit::AliasDb& db) {
   for (auto it = b->nodes().begin(); it != b->nodes().end();) {
     Node* n = *it++;
     for (auto* sub : n->blocks()) split_block(g, sub, db);
-    if (n->kind() == c10::prim::ConstantChunk && split(g, n, db)) it = b->nodes().begin();  // its neighbours are gone
+    if (n->kind() == c10::prim::ConstantChunk) split(g, n, db);  // destroys n and its linear, both behind `it`
   }
 }
 

@@ -53,7 +53,6 @@ bool own_kernels_enabled() {
   const char* v = std::getenv("TORCH_LLGA_OWN_KERNELS");
   return !v || std::strcmp(v, "0") != 0;
 }
-
 bool small_plans_enabled() { return g_small_plans.load(std::memory_order_relaxed); }
 void set_small_plans_enabled(bool on) { g_small_plans.store(on, std::memory_order_relaxed); }
 int64_t cache_capacity() { return g_cache_capacity.load(std::memory_order_relaxed); }
