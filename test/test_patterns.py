@@ -596,6 +596,27 @@ def test_masked_or_short_attention_of_narrow_heads_stays_onednns():
     assert "llga::small_head_attention" not in str(fused.graph) and SDPA_GROUP in fused.groups, fused.groups
 
 
+def test_long_unmasked_fp32_attention_stays_pytorchs_flash_kernel():
+    # Over 1,024 keys or more PyTorch's flash kernel beats oneDNN's SDPA (1.28x at Whisper's
+    # 6 x 1,500 x 64): the SDPA stays PyTorch's, and explain() says why. Masked, or fewer keys:
+    # oneDNN's partition.
+    q, k, v = torch.randn(1, 2, 40, 64), torch.randn(1, 2, 1024, 64), torch.randn(1, 2, 1024, 64)
+    class Attention(nn.Module):
+        def forward(self, a, b, c):
+            return F.scaled_dot_product_attention(a, b, c)
+
+    fused = check(Attention(), q, k, v, groups=[])
+    assert "scaled_dot_product_attention" in fused.unfused
+    report = torch_llga.explain(Attention(), q, k, v, verbose=False)
+    assert ("scaled_dot_product_attention", "PyTorch's flash attention kernel is faster than oneDNN's SDPA over 1,024 keys "
+            "or more (fp32, unmasked)") in report.unfused, report.unfused
+    mask = torch.rand(1, 1, 40, 1024) > 0.3
+    fused = check(sdpa, q, k, v, mask, groups=SOME)
+    assert "scaled_dot_product_attention" not in fused.unfused and any("matmul" in g for g in fused.groups)
+    fused = check(Attention(), q, k[:, :, :1000], v[:, :, :1000], groups=SOME)
+    assert "scaled_dot_product_attention" not in fused.unfused and SDPA_GROUP in fused.groups
+
+
 def test_sdpa_oneDNN_cannot_take_whole_stays_in_pytorch(all_partitions):
     # One value per row (v's last dim 1): oneDNN's matmul of one output column is left to PyTorch
     # (quirks::matrix_vector_product), so the attention stays PyTorch's SDPA, not half spelled out

@@ -220,10 +220,19 @@ torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
 // with profiled sizes; a float mask is added, a boolean one as its attention_bias (True: attend). The scale is a
 // [1, 1, 1, 1] tensor (oneDNN 3.12 compiles no SDPA with a 1-D one): sdpa_scale(q, scale).
 // Unmasked fp32 heads of 8 or 16 over 512 keys or more are torch_llga's own kernel instead
-// (llga::small_head_attention), which runs them 1.5-2x faster than oneDNN's.
+// (llga::small_head_attention), which runs them 1.5-2x faster than oneDNN's; other unmasked fp32
+// attention over 1,024 keys or more stays PyTorch's (kFlashAttentionMinKeys).
 // Not where q, k, v or the mask is written in place anywhere: the fuser maps no op whose tensors
 // are (graph_fuser.cpp), so the spelled-out ops would stay in PyTorch, the softmax alone a group
 // whose guard then sends every masked call (-inf scores) to its fallback (fuzzing).
+// Unmasked fp32 attention over this many keys or more stays PyTorch's SDPA (its flash kernel):
+// oneDNN's SDPA took 1.21x its time at 8 x 1,024 x 64 and 1.28x at Whisper's 6 x 1,500 x 64, level
+// at 512 keys and below (in-process A/B, 2 threads, AMD EPYC Zen 3, AVX2); Whisper's encoder ran
+// 0.92x the time with it (12 interleaved rounds).
+constexpr int64_t kFlashAttentionMinKeys = 1024;
+const char* kFlashAttentionReason =
+    "PyTorch's flash attention kernel is faster than oneDNN's SDPA over 1,024 keys or more (fp32, unmasked)";
+
 void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
   static const char* kSchema =
       "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
@@ -273,6 +282,10 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
       typed(out, *q, out_sizes, contiguous(out_sizes));
       n->output()->replaceAllUsesWith(out);
       n->destroy();
+      continue;
+    }
+    if (!has_mask && q->scalarType() == at::kFloat && ks[2] >= kFlashAttentionMinKeys) {
+      n->s_(kUnfusedReason, kFlashAttentionReason);
       continue;
     }
     Node* before = n->prev();  // what is inserted from here on lies between it and n

@@ -122,7 +122,7 @@ void mark_unmapped(torch::jit::Block* block, const BuiltGraph& built, AliasDb& d
   for (const auto& [id, n] : built.op_nodes) mapped.insert(n);
   for (Node* n : block->nodes()) {
     bool makes_tensor = std::any_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return is_tensor(v); });
-    if (mapped.count(n) || !n->kind().is_aten() || !makes_tensor) continue;
+    if (mapped.count(n) || !n->kind().is_aten() || !makes_tensor || n->hasAttribute(kUnfusedReason)) continue;
     auto rejected = built.rejected.find(n);
     std::string reason = rejected != built.rejected.end() ? "oneDNN rejected it: " + rejected->second
                          : db.hasWriters(n)                ? "its tensors are written in place"
