@@ -596,17 +596,20 @@ def test_masked_or_short_attention_of_narrow_heads_stays_onednns():
     assert "llga::small_head_attention" not in str(fused.graph) and SDPA_GROUP in fused.groups, fused.groups
 
 
-def test_long_unmasked_fp32_attention_stays_pytorchs_flash_kernel():
+def test_long_unmasked_fp32_attention_stays_pytorchs_flash_kernel(monkeypatch):
     # Over 1,024 keys or more PyTorch's flash kernel beats oneDNN's SDPA (1.28x at Whisper's
-    # 6 x 1,500 x 64): the SDPA stays PyTorch's, and explain() says why. Masked, or fewer keys:
-    # oneDNN's partition.
+    # 6 x 1,500 x 64): heads no own kernel takes stay PyTorch's SDPA, and explain() says why.
+    # Masked, or fewer keys: oneDNN's partition.
+    monkeypatch.setenv("TORCH_LLGA_OWN_KERNELS", "0")
     q, k, v = torch.randn(1, 2, 40, 64), torch.randn(1, 2, 1024, 64), torch.randn(1, 2, 1024, 64)
+
     class Attention(nn.Module):
         def forward(self, a, b, c):
             return F.scaled_dot_product_attention(a, b, c)
 
-    fused = check(Attention(), q, k, v, groups=[])
-    assert "scaled_dot_product_attention" in fused.unfused
+    for head in (64, 32):
+        fused = check(Attention(), q[..., :head], k[..., :head], v[..., :head], groups=[])
+        assert "scaled_dot_product_attention" in fused.unfused
     report = torch_llga.explain(Attention(), q, k, v, verbose=False)
     assert ("scaled_dot_product_attention", "PyTorch's flash attention kernel is faster than oneDNN's SDPA over 1,024 keys "
             "or more (fp32, unmasked)") in report.unfused, report.unfused
@@ -615,6 +618,63 @@ def test_long_unmasked_fp32_attention_stays_pytorchs_flash_kernel():
     assert "scaled_dot_product_attention" not in fused.unfused and any("matmul" in g for g in fused.groups)
     fused = check(Attention(), q, k[:, :, :1000], v[:, :, :1000], groups=SOME)
     assert "scaled_dot_product_attention" not in fused.unfused and SDPA_GROUP in fused.groups
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("keys", [1024, 1029])
+def test_attention_of_64_wide_heads_over_many_keys_is_torch_llgas_kernel(keys):
+    # Heads of 64 over 1,024+ keys (Whisper's encoder): llga::head64_attention, 1.2x PyTorch's flash
+    # kernel; keys padded to 16 inside, query rows in blocks of 24 (39 queries: one partial block).
+    # Sums of ~1,000 terms (5e-5, as for the narrow heads' kernel above), and against float64.
+    tol = dict(rtol=1e-5, atol=5e-5)
+    fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c)  # noqa: E731
+    q, k, v = torch.randn(2, 3, 39, 64), torch.randn(2, 3, keys, 64), torch.randn(2, 3, keys, 64)
+    fused = check(fn, q, k, v, groups=[], **tol)
+    assert "llga::head64_attention" in str(fused.graph)
+    out = fused(q, k, v)
+    assert out.stride() == (39 * 3 * 64, 64, 3 * 64, 1)  # [B, L, H, D] memory: the heads' merge is a view
+    scaled = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.2)  # noqa: E731
+    fused = check(scaled, q * 3, k * 3, v, groups=[], **tol)
+    exact = scaled(q.double() * 3, k.double() * 3, v.double())
+    ours, eager = (fused(q * 3, k * 3, v) - exact).abs().max(), (scaled(q * 3, k * 3, v) - exact).abs().max()
+    assert ours < 5e-5 and eager < 5e-5, (ours, eager)
+    # NaN in v, scores that overflow: PyTorch's attention, in the kernel's layout
+    nan_v = v.clone()
+    nan_v[0, 1, 5, 60] = float("nan")
+    got = fused(q, k, nan_v)
+    torch.testing.assert_close(got, scaled(q, k, nan_v), equal_nan=True, **FP32)
+    assert got.stride() == out.stride()
+    torch.testing.assert_close(fused(q * 1e30, k * 1e10, v), scaled(q * 1e30, k * 1e10, v), equal_nan=True, **FP32)
+    # other sizes: still right
+    torch.testing.assert_close(fused(q[:1, :2, :7], k[:1, :2], v[:1, :2]), scaled(q[:1, :2, :7], k[:1, :2], v[:1, :2]), **tol)
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
+def test_whisper_style_attention_reads_the_projections_views():
+    # transformers' Whisper/BART attention: each projection viewed as heads, transposed and made
+    # contiguous, SDPA, the heads merged (transpose, contiguous, reshape). The kernel reads the
+    # transposed views (the three copies are gone) and writes [B, L, H, D] memory (the merge's
+    # contiguous copies nothing).
+    class SelfAttention(nn.Module):
+        def __init__(self, dim=128, heads=2):
+            super().__init__()
+            self.heads = heads
+            self.q, self.k, self.v, self.out = (nn.Linear(dim, dim) for _ in range(4))
+
+        def forward(self, x):
+            b, n, c = x.shape
+            split = lambda t: t.view(b, n, self.heads, c // self.heads).transpose(1, 2).contiguous()  # noqa: E731
+            a = F.scaled_dot_product_attention(split(self.q(x) * 0.125), split(self.k(x)), split(self.v(x)), scale=1.0)
+            return self.out(a.transpose(1, 2).contiguous().reshape(b, n, c)) + x
+
+    x = torch.randn(1, 1100, 128)
+    fused = check(SelfAttention(), x, groups=SOME, rtol=1e-5, atol=5e-5)  # 1,100-term sums (see above)
+    attention = fused.graph.findNode("llga::head64_attention")
+    assert attention is not None
+    assert all(i.node().kind() != "aten::contiguous" for i in list(attention.inputs())[:3])
+    assert any("linear" in g and "add" in g for g in fused.groups), fused.groups
+    report = torch_llga.explain(SelfAttention(), x, verbose=False)
+    assert report.own_kernels == ["llga::head64_attention"] and "own kernel: head64_attention" in str(report)
 
 
 def test_sdpa_oneDNN_cannot_take_whole_stays_in_pytorch(all_partitions):

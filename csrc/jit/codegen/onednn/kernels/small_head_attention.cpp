@@ -6,7 +6,8 @@
 // reduction of 8 (~25 GFLOP/s here). This kernel takes four query rows at a time:
 //   1. their scores against 16 keys at a time, eight accumulators (a key's values are read once
 //      for the four rows);
-//   2. each row's maximum, then exp(score - max) in place, vectorized, and the row's sum;
+//   2. each row's maximum, then exp(score - max) in place, vectorized, and the row's sum
+//      (vector_math.h's exponentials);
 //   3. the values weighted by the four rows' probabilities, two keys at a time, eight accumulators.
 // The four rows' scores (4 x keys floats) stay in L1, a head's K^T and V in L2. Keys are padded to
 // 16 with zero values and scores of -inf, which add e^-87.3 * 0 to the output and ~1e-38 to a sum of
@@ -15,6 +16,7 @@
 // Anything else (other head sizes, dtypes, a CPU without AVX2/FMA, NaN or Inf in q, k or v, scores
 // that overflow) is PyTorch's scaled_dot_product_attention: the same result as eager.
 #include "jit/codegen/onednn/kernels/small_head_attention.h"
+#include "jit/codegen/onednn/kernels/vector_math.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -30,64 +32,10 @@
 namespace llga {
 
 namespace {
+using namespace vector_math;
 
 constexpr int kRows = 4;   // query rows at a time
 constexpr int kKeyStep = 16;  // keys per step of the scores (two registers)
-
-bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
-
-// exp(x) for x <= 0 (scores minus their row's maximum): 2^n * e^r with n = round(x / ln 2) and
-// |r| <= ln 2 / 2, e^r by a degree-5 polynomial fitted for relative error: at most 2.2e-7 above
-// x = -10, 4.3e-7 below (n ln 2 is subtracted in one step: its rounding grows with n, where the
-// terms are too small to count). The exponentials are the most of this kernel's work: 8
-// multiply-adds a register, where Cephes' expf (~1 ulp) takes 11; the kernel's error against
-// float64 is the scores' rounding either way (1-2e-5 on the tests' inputs, as eager's). n is
-// rounded by adding 1.5 * 2^23 + 127, which leaves n + 127, the exponent's bits, at the bottom of
-// the sum's mantissa. Below -87.3 it gives e^-87.3 (~1e-38, a normal float), not 0: nothing a sum
-// of at least 1 (the maximum's own term) can see.
-[[gnu::target("avx2,fma")]] inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 magic = _mm256_set1_ps(12583039.0f);  // 1.5 * 2^23 + 127
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
-  const __m256 r = _mm256_fnmadd_ps(_mm256_sub_ps(t, magic), _mm256_set1_ps(0.693147182f), x);
-  __m256 p = _mm256_set1_ps(8.297654800e-03f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.191538319e-02f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666757464e-01f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.999889433e-01f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(9.999997020e-01f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.000000119e+00f));
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)));
-}
-
-[[gnu::target("avx2,fma")]] inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-[[gnu::target("avx2,fma")]] inline float horizontal_max(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// Whether every float of a contiguous buffer is finite (x - x is 0 exactly then, NaN otherwise).
-[[gnu::target("avx2,fma")]] bool all_finite(const float* x, int64_t n) {
-  __m256 ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_loadu_ps(x + i);
-    ok = _mm256_and_ps(ok, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_EQ_OQ));
-  }
-  bool finite = _mm256_movemask_ps(ok) == 0xff;
-  for (; i < n; ++i) finite = finite && std::isfinite(x[i]);
-  return finite;
-}
 
 // acc[r][0] += a[r * stride] * b0 and acc[r][1] += a[r * stride] * b1 for the four rows: a row's
 // value broadcast against two registers (of keys in step 1, of values in step 3).
@@ -117,28 +65,6 @@ template <int D>
       _mm256_storeu_ps(s + r * padded + j + 8, acc[r][1]);
     }
   }
-}
-
-// Step 2: one row's scores -> exp(score - max) (the padding's -inf included); returns their sum,
-// or NaN where the scores overflowed (the row's maximum is not finite). No score is NaN: the
-// inputs are finite and each multiply-add rounds once, so an overflow saturates at inf or -inf
-// and stays there (inf + a finite exact product is inf).
-[[gnu::target("avx2,fma")]] float exponentials(float* s, int64_t keys, int64_t padded) {
-  for (int64_t j = keys; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
-  __m256 row_max = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < padded; j += 8) row_max = _mm256_max_ps(row_max, _mm256_loadu_ps(s + j));
-  const float max = horizontal_max(row_max);
-  if (!std::isfinite(max)) return std::numeric_limits<float>::quiet_NaN();
-  const __m256 m = _mm256_set1_ps(max);
-  __m256 sum = _mm256_setzero_ps();
-  for (int64_t j = 0; j < padded; j += 16) {  // two at a time: each is a long chain of dependent steps
-    const __m256 e0 = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
-    const __m256 e1 = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), m));
-    _mm256_storeu_ps(s + j, e0);
-    _mm256_storeu_ps(s + j + 8, e1);
-    sum = _mm256_add_ps(sum, _mm256_add_ps(e0, e1));
-  }
-  return horizontal_sum(sum);
 }
 
 // Step 3: out[r] = sum_j p[r][j] v[j] / sums[r] for the block's first `rows` rows; v [padded][D].
@@ -245,7 +171,7 @@ torch::jit::RegisterOperators registered({torch::jit::Operator(
 }  // namespace
 
 bool small_head_attention_runs(int64_t head_size, int64_t keys) {
-  return cpu_has_avx2_fma() && (head_size == 8 || head_size == 16) && keys >= kSmallHeadAttentionMinKeys;
+  return vector_math::cpu_has_avx2_fma() && (head_size == 8 || head_size == 16) && keys >= kSmallHeadAttentionMinKeys;
 }
 
 }  // namespace llga
