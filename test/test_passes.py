@@ -124,6 +124,16 @@ def test_propagate_layout():
     assert [getattr(grp, "is")("opaque_outputs") for grp in g.findAllNodes("llga::FusionGroup")] == [[1], [0]]
 
 
+def test_propagate_layout_past_size_reads():
+    # aten::size reads sizes only (transformers' layers read their input's): still groups only. Read
+    # as a reader, Whisper's residual stream went to PyTorch in eager's transposed strides and was
+    # copied twice a layer.
+    mlp_with_size = MLP.replace("  return (%y)", "  %zero : int = prim::Constant[value=0]()\n"
+                                "  %n : int = aten::size(%r, %zero)\n  return (%y, %n)")
+    g = run("fuse_graph", mlp_with_size, "propagate_layout")
+    assert [getattr(grp, "is")("opaque_outputs") for grp in g.findAllNodes("llga::FusionGroup")] == [[1], [0]]
+
+
 def test_insert_guards():
     g = run("fuse_graph", MLP, "insert_guards")
     FileCheck().check("llga::Guard").check("prim::If").check("llga::FusionGroup").check("prim::FallbackGraph").run(g)

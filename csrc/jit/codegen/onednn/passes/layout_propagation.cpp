@@ -20,11 +20,17 @@ namespace llga {
 
 namespace {
 
+// Whether only fusion groups read v's data: aten::size and aten::dim read its sizes, which an LLGA
+// tensor has (a transformers layer reads its input's sizes: counted as a reader, Whisper's residual
+// stream went to PyTorch's transposed strides and was copied twice a layer).
 bool read_by_groups_only(const Value* v) {
-  if (v->uses().empty()) return false;
-  for (const auto& use : v->uses())
+  bool read_by_a_group = false;
+  for (const auto& use : v->uses()) {
+    if (use.user->kind() == c10::aten::size || use.user->kind() == c10::aten::dim) continue;
     if (use.user->kind() != kFusionGroup) return false;
-  return true;
+    read_by_a_group = true;
+  }
+  return read_by_a_group;
 }
 
 // Ops whose every output element comes from the same-index elements of their (broadcast) inputs
