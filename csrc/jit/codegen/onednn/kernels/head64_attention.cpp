@@ -49,15 +49,8 @@ constexpr int64_t kKeyChunk = 256;                 // keys a pass of step 3
 #pragma GCC unroll 6
   for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
 #pragma GCC unroll 4
-  for (int d = 0; d < D; ++d) {
-    const __m256 b0 = _mm256_load_ps(kt + d * kKeyTile), b1 = _mm256_load_ps(kt + d * kKeyTile + 8);
-#pragma GCC unroll 6
-    for (int r = 0; r < kTileRows; ++r) {
-      const __m256 a = _mm256_broadcast_ss(q + r * D + d);
-      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
-    }
-  }
+  for (int d = 0; d < D; ++d)
+    multiply_add_rows(acc, q + d, D, _mm256_load_ps(kt + d * kKeyTile), _mm256_load_ps(kt + d * kKeyTile + 8));
 #pragma GCC unroll 6
   for (int r = 0; r < kTileRows; ++r) {
     _mm256_storeu_ps(s + r * padded, acc[r][0]);
@@ -76,15 +69,8 @@ constexpr int64_t kKeyChunk = 256;                 // keys a pass of step 3
     acc[r][1] = _mm256_loadu_ps(o + r * D + 8);
   }
 #pragma GCC unroll 2
-  for (int64_t j = 0; j < keys; ++j) {
-    const __m256 b0 = _mm256_loadu_ps(v + j * v_stride), b1 = _mm256_loadu_ps(v + j * v_stride + 8);
-#pragma GCC unroll 6
-    for (int r = 0; r < kTileRows; ++r) {
-      const __m256 a = _mm256_broadcast_ss(p + r * padded + j);
-      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
-    }
-  }
+  for (int64_t j = 0; j < keys; ++j)
+    multiply_add_rows(acc, p + j, padded, _mm256_loadu_ps(v + j * v_stride), _mm256_loadu_ps(v + j * v_stride + 8));
 #pragma GCC unroll 6
   for (int r = 0; r < kTileRows; ++r) {
     _mm256_storeu_ps(o + r * D, acc[r][0]);

@@ -37,18 +37,6 @@ using namespace vector_math;
 constexpr int kRows = 4;   // query rows at a time
 constexpr int kKeyStep = 16;  // keys per step of the scores (two registers)
 
-// acc[r][0] += a[r * stride] * b0 and acc[r][1] += a[r * stride] * b1 for the four rows: a row's
-// value broadcast against two registers (of keys in step 1, of values in step 3).
-[[gnu::target("avx2,fma")]] inline void multiply_add_rows(__m256 (&acc)[kRows][2], const float* a, int64_t stride, __m256 b0,
-                                                          __m256 b1) {
-#pragma GCC unroll 4
-  for (int r = 0; r < kRows; ++r) {
-    const __m256 ab = _mm256_broadcast_ss(a + r * stride);
-    acc[r][0] = _mm256_fmadd_ps(ab, b0, acc[r][0]);
-    acc[r][1] = _mm256_fmadd_ps(ab, b1, acc[r][1]);
-  }
-}
-
 // Step 1: s[r][j] = q[r] . kt[:, j] for four rows q [kRows][D] (scaled) and padded keys kt [D][padded].
 template <int D>
 [[gnu::target("avx2,fma")]] void scores(const float* q, const float* kt, int64_t padded, float* s) {

@@ -1,7 +1,7 @@
 #pragma once
 // AVX2 + FMA helpers of torch_llga's attention kernels (small_head_attention.cpp,
 // head64_attention.cpp): a vectorized exponential, horizontal sums and maxima, a finiteness scan,
-// and a row's softmax numerators in place.
+// a row's softmax numerators in place, and a register tile's multiply-adds.
 #include <immintrin.h>
 
 #include <cmath>
@@ -85,6 +85,20 @@ inline bool cpu_has_avx2_fma() {
     sum = _mm256_add_ps(sum, _mm256_add_ps(e0, e1));
   }
   return horizontal_sum(sum);
+}
+
+// acc[r][0] += a[r * stride] * b0 and acc[r][1] += a[r * stride] * b1 for R rows: a row's value
+// broadcast against two registers (a register tile of R x 16 products: of keys in a scores step, of
+// values in a weighted-values step).
+template <int R>
+[[gnu::target("avx2,fma")]] inline void multiply_add_rows(__m256 (&acc)[R][2], const float* a, int64_t stride, __m256 b0,
+                                                          __m256 b1) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m256 ab = _mm256_broadcast_ss(a + r * stride);
+    acc[r][0] = _mm256_fmadd_ps(ab, b0, acc[r][0]);
+    acc[r][1] = _mm256_fmadd_ps(ab, b1, acc[r][1]);
+  }
 }
 
 }  // namespace llga::vector_math
