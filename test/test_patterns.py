@@ -621,18 +621,19 @@ def test_long_unmasked_fp32_attention_stays_pytorchs_flash_kernel(monkeypatch):
 
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
-@pytest.mark.parametrize("keys", [1024, 1029])
+@pytest.mark.parametrize("keys", [128, 1029])
 def test_attention_of_64_wide_heads_over_many_keys_is_torch_llgas_kernel(keys):
-    # Heads of 64 over 1,024+ keys (Whisper's encoder): llga::head64_attention, 1.2x PyTorch's flash
-    # kernel; keys padded to 16 inside, query rows in blocks of 24 (39 queries: one partial block).
-    # Sums of ~1,000 terms (5e-5, as for the narrow heads' kernel above), and against float64.
+    # Heads of 64, 96+ queries over 128+ keys (Whisper's encoder, ViT): llga::head64_attention,
+    # 1.1-1.2x oneDNN's SDPA and PyTorch's flash kernel; keys padded to 16 inside, query rows in
+    # blocks of 24 (100 queries: a partial last block). Sums of ~1,000 terms (5e-5, as for the
+    # narrow heads' kernel above), and against float64.
     tol = dict(rtol=1e-5, atol=5e-5)
     fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c)  # noqa: E731
-    q, k, v = torch.randn(2, 3, 39, 64), torch.randn(2, 3, keys, 64), torch.randn(2, 3, keys, 64)
+    q, k, v = torch.randn(2, 3, 100, 64), torch.randn(2, 3, keys, 64), torch.randn(2, 3, keys, 64)
     fused = check(fn, q, k, v, groups=[], **tol)
     assert "llga::head64_attention" in str(fused.graph)
     out = fused(q, k, v)
-    assert out.stride() == (39 * 3 * 64, 64, 3 * 64, 1)  # [B, L, H, D] memory: the heads' merge is a view
+    assert out.stride() == (100 * 3 * 64, 64, 3 * 64, 1)  # [B, L, H, D] memory: the heads' merge is a view
     scaled = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.2)  # noqa: E731
     fused = check(scaled, q * 3, k * 3, v, groups=[], **tol)
     exact = scaled(q.double() * 3, k.double() * 3, v.double())
@@ -647,6 +648,17 @@ def test_attention_of_64_wide_heads_over_many_keys_is_torch_llgas_kernel(keys):
     torch.testing.assert_close(fused(q * 1e30, k * 1e10, v), scaled(q * 1e30, k * 1e10, v), equal_nan=True, **FP32)
     # other sizes: still right
     torch.testing.assert_close(fused(q[:1, :2, :7], k[:1, :2], v[:1, :2]), scaled(q[:1, :2, :7], k[:1, :2], v[:1, :2]), **tol)
+
+
+def test_few_queries_of_64_wide_heads_are_not_torch_llgas_kernel():
+    # A decoder's step (one query) or a short prompt: a 24-row block would be mostly padding.
+    # Over 1,024+ keys PyTorch's flash kernel, below them oneDNN's SDPA.
+    fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c)  # noqa: E731
+    q, k, v = torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1500, 64), torch.randn(1, 2, 1500, 64)
+    fused = check(fn, q, k, v, groups=[], rtol=1e-5, atol=5e-5)
+    assert "llga::head64_attention" not in str(fused.graph) and "scaled_dot_product_attention" in fused.unfused
+    fused = check(fn, q.expand(1, 2, 95, 64).contiguous(), k[:, :, :200], v[:, :, :200], groups=SOME)
+    assert "llga::head64_attention" not in str(fused.graph) and SDPA_GROUP in fused.groups
 
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")

@@ -23,7 +23,7 @@ def small_plans(graph):
 # slower: what each is for.
 OWN_KERNELS = {
     "llga::small_head_attention": "attention of 8- or 16-wide heads over 512+ keys",
-    "llga::head64_attention": "attention of 64-wide heads over 1,024+ keys",
+    "llga::head64_attention": "attention of 64-wide heads, 96+ queries over 128+ keys",
 }
 
 

@@ -1,5 +1,6 @@
-// llga::head64_attention: softmax(q k^T * scale) v for heads of 64 values over many keys, fp32,
-// on AVX2 + FMA (Whisper's encoder: 6 heads of 64 over 1,500 positions).
+// llga::head64_attention: softmax(q k^T * scale) v for heads of 64 values, 96+ queries over 128+
+// keys, fp32, on AVX2 + FMA (Whisper's encoder: 6 heads of 64 over 1,500 positions; ViT-B/16's 12
+// over 197).
 //
 // Here the two matmuls are the work (64 multiply-adds a score in each, one exponential), so the
 // kernel is two register-blocked gemms with the softmax between them, 24 query rows at a time:
@@ -203,8 +204,9 @@ torch::jit::RegisterOperators registered({torch::jit::Operator(
 
 }  // namespace
 
-bool head64_attention_runs(int64_t head_size, int64_t keys) {
-  return vector_math::cpu_has_avx2_fma() && head_size == D && keys >= kHead64AttentionMinKeys;
+bool head64_attention_runs(int64_t head_size, int64_t queries, int64_t keys) {
+  return vector_math::cpu_has_avx2_fma() && head_size == D && queries >= kHead64AttentionMinQueries &&
+         keys >= kHead64AttentionMinKeys;
 }
 
 }  // namespace llga

@@ -221,9 +221,9 @@ torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
 // with profiled sizes; a float mask is added, a boolean one as its attention_bias (True: attend). The scale is a
 // [1, 1, 1, 1] tensor (oneDNN 3.12 compiles no SDPA with a 1-D one): sdpa_scale(q, scale).
 // Unmasked fp32 heads of 8 or 16 over 512 keys or more are torch_llga's own kernel instead
-// (llga::small_head_attention), which runs them 1.5-2x faster than oneDNN's, and so are heads of 64
-// over 1,024 or more (llga::head64_attention, 1.2x PyTorch's flash kernel; it reads q, k and v
-// through their strides, so their copies made for the attention are skipped); other unmasked fp32
+// (llga::small_head_attention), which runs them 1.5-2x faster than oneDNN's, and so are heads of 64,
+// 96+ queries over 128+ keys (llga::head64_attention, 1.1-1.2x oneDNN's and PyTorch's flash kernel;
+// it reads q, k and v through their strides, so their copies made for the attention are skipped); other unmasked fp32
 // attention over 1,024 keys or more stays PyTorch's (kFlashAttentionMinKeys).
 // Not where q, k, v or the mask is written in place anywhere: the fuser maps no op whose tensors
 // are (graph_fuser.cpp), so the spelled-out ops would stay in PyTorch, the softmax alone a group
@@ -278,7 +278,7 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     Graph* g = block->owningGraph();
     torch::jit::WithInsertPoint point(n);
     bool own_kernel = !has_mask && q->scalarType() == at::kFloat && vs[3] == qs[3] && runtime::own_kernels_enabled();
-    if (own_kernel && (small_head_attention_runs(qs[3], ks[2]) || head64_attention_runs(qs[3], ks[2]))) {
+    if (own_kernel && (small_head_attention_runs(qs[3], ks[2]) || head64_attention_runs(qs[3], qs[2], ks[2]))) {
       // Heads of 8 or 16, or of 64, over many keys: torch_llga's kernels (kernels/).
       c10::Symbol kernel = qs[3] == 64 ? kHead64Attention : kSmallHeadAttention;
       std::vector<torch::jit::NamedValue> args = {n->input(0), n->input(1), n->input(2), n->input(6)};
