@@ -650,6 +650,21 @@ def test_attention_of_64_wide_heads_over_many_keys_is_torch_llgas_kernel(keys):
     torch.testing.assert_close(fused(q[:1, :2, :7], k[:1, :2], v[:1, :2]), scaled(q[:1, :2, :7], k[:1, :2], v[:1, :2]), **tol)
 
 
+class AttentionOfACopyThenWritten(nn.Module):
+    def forward(self, inp):
+        x = inp * 2.0
+        k = x.transpose(1, 2).contiguous()
+        x.add_(1)  # after the copy: the kernel must read the copy, not x
+        return F.scaled_dot_product_attention(k, k, k) + x.sum()
+
+
+def test_attention_of_a_copy_whose_source_is_written_after_it_stays_in_pytorch():
+    # The own kernels read q, k, v's views past their contiguous() copies: not where the source is
+    # written in place after the copy (the copy counts as written too: the attention stays PyTorch's).
+    fused = check(AttentionOfACopyThenWritten(), torch.randn(1, 130, 2, 64), groups=[], rtol=1e-5, atol=5e-5)
+    assert "scaled_dot_product_attention" in fused.unfused and "llga::head64_attention" not in str(fused.graph)
+
+
 def test_few_queries_of_64_wide_heads_are_not_torch_llgas_kernel():
     # A decoder's step (one query) or a short prompt: a 24-row block would be mostly padding.
     # Over 1,024+ keys PyTorch's flash kernel, below them oneDNN's SDPA.

@@ -282,7 +282,9 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
       // Heads of 8 or 16, or of 64, over many keys: torch_llga's kernels (kernels/).
       c10::Symbol kernel = qs[3] == 64 ? kHead64Attention : kSmallHeadAttention;
       std::vector<torch::jit::NamedValue> args = {n->input(0), n->input(1), n->input(2), n->input(6)};
-      for (size_t i = 0; i < 3; ++i) {  // they read strided views: a copy made for the attention alone is not needed
+      // They read strided views: a copy made for the attention is not needed (a copy whose source is
+      // written in place counts as written itself, for the alias analysis: such attention stays above).
+      for (size_t i = 0; i < 3; ++i) {
         Node* copy = n->input(i)->node();
         if (copy->kind() == c10::aten::contiguous) args[i] = copy->input(0);
       }
