@@ -13,7 +13,8 @@
 // The block's scores (24 x keys floats) stay in L2; K^T, packed by key tiles, is read once a block. Rows past
 // the queries' end are zeros whose results are dropped; keys are padded to 16 for step 1 only
 // (their scores -inf). q and v are read through their strides (the transposed views of a
-// projection's output that models pass need no copy); K^T is a packed copy made per call.
+// projection's output that models pass need no copy); K^T is a packed copy made per call. The
+// output is written in [B, L, H, D] memory where the graph merges its heads next.
 //
 // Anything else (other head sizes, dtypes, a CPU without AVX2/FMA, NaN or Inf in q, k or v, scores
 // that overflow) is PyTorch's scaled_dot_product_attention: the same result as eager.
@@ -85,10 +86,10 @@ struct Operand {  // a [batch, heads, rows, D] tensor's data and strides (its la
   const float* row(int64_t b, int64_t h, int64_t i) const { return data + b * batch_stride + h * head_stride + i * row_stride; }
 };
 
-// out [batch, queries, heads, D] (contiguous) from q and v through their strides and kt, K^T
+// out [batch, heads, queries, D] (through its strides: `o`) from q and v through theirs and kt, K^T
 // packed by key tiles. False where some row's scores overflowed.
 bool attend(Operand q, const float* kt, Operand v, int64_t batch, int64_t heads, int64_t queries, int64_t keys,
-            int64_t padded, float scale, float* out) {
+            int64_t padded, float scale, Operand o, float* out) {
   const int64_t blocks = (queries + kBlockRows - 1) / kBlockRows;
   std::atomic<bool> overflow{false};
   at::parallel_for(0, batch * heads * blocks, 1, [&](int64_t begin, int64_t end) {
@@ -120,20 +121,27 @@ bool attend(Operand q, const float* kt, Operand v, int64_t batch, int64_t heads,
                        ob + g * kTileRows * D + c);
       }
       for (int r = 0; r < rows; ++r) {
-        float* o = out + ((b * queries + first + r) * heads + h) * D;
+        float* row = out + (o.row(b, h, first + r) - o.data);
         const float inv = 1.0f / sums[r];
-        for (int d = 0; d < D; ++d) o[d] = ob[r * D + d] * inv;
+        for (int d = 0; d < D; ++d) row[d] = ob[r * D + d] * inv;
       }
     }
   });
   return !overflow.load();
 }
 
-// PyTorch's attention, in the kernel's output layout where it is 4-D ([B, L, H, D] memory), so that
-// a call the kernel does not take gives the strides the graph was typed with.
-at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
+// An empty output: [B, L, H, D] memory where the heads are merged next (see head64_attention()).
+at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& options, bool merged_heads) {
+  if (!merged_heads) return at::empty(sizes, options);
+  return at::empty({sizes[0], sizes[2], sizes[1], sizes[3]}, options).transpose(1, 2);
+}
+
+// PyTorch's attention, in the kernel's output layout where it is 4-D, so that a call the kernel
+// does not take gives the strides the graph was typed with.
+at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale,
+                             bool merged_heads) {
   at::Tensor out = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, false, scale);
-  if (out.dim() != 4) return out;
+  if (out.dim() != 4 || !merged_heads) return out;
   return at::empty({out.size(0), out.size(2), out.size(1), out.size(3)}, out.options()).transpose(1, 2).copy_(out);
 }
 
@@ -152,15 +160,18 @@ bool view_finite(const at::Tensor& t) {
   return true;
 }
 
-at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
+// merged_heads: the output is written in [B, L, H, D] memory (its heads are merged next, by a
+// transpose(1, 2): that and the reshape after it are then views); else contiguous.
+at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale,
+                            bool merged_heads) {
   auto fits = [](const at::Tensor& t) {
     return t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.requires_grad() && t.size(3) == D;
   };
-  if (!cpu_has_avx2_fma() || !fits(q) || !fits(k) || !fits(v)) return pytorch_attention(q, k, v, scale);
+  if (!cpu_has_avx2_fma() || !fits(q) || !fits(k) || !fits(v)) return pytorch_attention(q, k, v, scale, merged_heads);
   const int64_t keys = k.size(2);
   if (v.size(2) != keys || keys == 0 || q.size(0) != k.size(0) || q.size(0) != v.size(0) || q.size(1) != k.size(1) ||
       q.size(1) != v.size(1))
-    return pytorch_attention(q, k, v, scale);
+    return pytorch_attention(q, k, v, scale, merged_heads);
   const float s = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D)));
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2);
   const int64_t padded = (keys + kKeyTile - 1) / kKeyTile * kKeyTile;
@@ -183,22 +194,22 @@ at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   // NaN or Inf anywhere: PyTorch's kernel says what they become.
   if (!view_finite(qr) || !view_finite(vr) || !all_finite(kt.const_data_ptr<float>(), kt.numel()))
-    return pytorch_attention(q, k, v, scale);
-  // [B, L, H, D] memory: a model's merge of the heads (transpose(1, 2), then a reshape) is then a view.
-  at::Tensor out = at::empty({batch, queries, heads, D}, q.options()).transpose(1, 2);
+    return pytorch_attention(q, k, v, scale, merged_heads);
+  at::Tensor out = empty_output({batch, heads, queries, D}, q.options(), merged_heads);
   bool done = attend(operand(qr), kt.const_data_ptr<float>(), operand(vr), batch, heads, queries, keys, padded, s,
-                     out.mutable_data_ptr<float>());
-  return done ? out : pytorch_attention(q, k, v, scale);
+                     operand(out), out.mutable_data_ptr<float>());
+  return done ? out : pytorch_attention(q, k, v, scale, merged_heads);
 }
 
 torch::jit::RegisterOperators registered({torch::jit::Operator(
-    "llga::head64_attention(Tensor query, Tensor key, Tensor value, float? scale) -> Tensor",
+    "llga::head64_attention(Tensor query, Tensor key, Tensor value, float? scale, bool merged_heads) -> Tensor",
     [](torch::jit::Stack& stack) {
+      bool merged_heads = torch::jit::pop(stack).toBool();
       auto scale = torch::jit::pop(stack).toOptional<double>();
       at::Tensor v = torch::jit::pop(stack).toTensor();
       at::Tensor k = torch::jit::pop(stack).toTensor();
       at::Tensor q = torch::jit::pop(stack).toTensor();
-      torch::jit::push(stack, head64_attention(q, k, v, scale));
+      torch::jit::push(stack, head64_attention(q, k, v, scale, merged_heads));
     },
     c10::AliasAnalysisKind::FROM_SCHEMA)});
 

@@ -236,6 +236,30 @@ constexpr int64_t kFlashAttentionMinKeys = 1024;
 const char* kFlashAttentionReason =
     "PyTorch's flash attention kernel is faster than oneDNN's SDPA over 1,024 keys or more (fp32, unmasked)";
 
+// Whether every use of a 4-D attention output is transpose(1, 2) (or (2, 1), (-3, -2), ...), maybe
+// after a reshape or view to the same sizes (transformers' sdpa_attention_forward reshapes first),
+// besides reads of its sizes.
+bool merges_heads(const Value* out) {
+  if (out->uses().empty()) return false;
+  auto sizes = out->type()->cast<torch::jit::TensorType>() ? out->type()->expect<torch::jit::TensorType>()->sizes().concrete_sizes()
+                                                             : std::nullopt;
+  for (const auto& use : out->uses()) {
+    const Node* t = use.user;
+    if (t->kind() == c10::aten::size || t->kind() == c10::aten::dim) continue;  // reads sizes only
+    if ((t->kind() == c10::aten::reshape || t->kind() == c10::aten::view) && use.offset == 0 && sizes) {
+      auto r = t->output()->type()->cast<torch::jit::TensorType>();
+      if (!r || r->sizes().concrete_sizes() != sizes || !merges_heads(t->output())) return false;
+      continue;
+    }
+    if (t->kind() != c10::aten::transpose || use.offset != 0) return false;
+    auto a = torch::jit::constant_as<int64_t>(t->input(1)), b = torch::jit::constant_as<int64_t>(t->input(2));
+    if (!a || !b) return false;
+    int64_t lo = std::min((*a + 4) % 4, (*b + 4) % 4), hi = std::max((*a + 4) % 4, (*b + 4) % 4);
+    if (lo != 1 || hi != 2) return false;
+  }
+  return true;
+}
+
 void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
   static const char* kSchema =
       "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
@@ -288,12 +312,14 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
         Node* copy = n->input(i)->node();
         if (copy->kind() == c10::aten::contiguous) args[i] = copy->input(0);
       }
+      // head64_attention writes [B, L, H, D] memory where only transpose(1, 2)s read the result (the
+      // heads' merge after it is then a view); contiguous where anything else may (a view() of it).
+      bool merged_heads = kernel == kHead64Attention && merges_heads(n->output());
+      if (kernel == kHead64Attention) args.emplace_back(merged_heads);
       Value* out = g->insert(kernel, args);
       std::vector<int64_t> out_sizes = {qs[0], qs[1], qs[2], vs[3]};
-      // head64_attention writes [B, L, H, D] memory (the heads' merge that follows is then a view)
-      std::vector<int64_t> out_strides = kernel == kHead64Attention
-                                             ? std::vector<int64_t>{qs[2] * qs[1] * vs[3], vs[3], qs[1] * vs[3], 1}
-                                             : contiguous(out_sizes);
+      std::vector<int64_t> out_strides = merged_heads ? std::vector<int64_t>{qs[2] * qs[1] * vs[3], vs[3], qs[1] * vs[3], 1}
+                                                      : contiguous(out_sizes);
       typed(out, *q, out_sizes, out_strides);
       n->output()->replaceAllUsesWith(out);
       n->destroy();
