@@ -178,17 +178,17 @@ at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // q and v read in place where their rows are contiguous (a transposed view of [B, L, H, D] is).
   const at::Tensor qr = q.stride(3) == 1 ? q : q.contiguous(), vr = v.stride(3) == 1 ? v : v.contiguous();
   // K^T packed by key tiles, [batch * heads, padded / 16, D, 16]: a tile's 4 KB contiguous.
-  at::Tensor kt = at::zeros({batch * heads, padded / kKeyTile, D, kKeyTile}, q.options());
+  at::Tensor kt = at::empty({batch * heads, padded / kKeyTile, D, kKeyTile}, q.options());
   {
     const at::Tensor kr = k.stride(3) == 1 ? k : k.contiguous();
     const Operand ko = operand(kr);
     float* dst = kt.mutable_data_ptr<float>();
     at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
       for (int64_t bh = begin; bh < end; ++bh)
-        for (int64_t j = 0; j < keys; ++j) {
-          const float* row = ko.row(bh / heads, bh % heads, j);
+        for (int64_t j = 0; j < padded; ++j) {  // the padding keys zero (their scores are set to -inf)
+          const float* row = j < keys ? ko.row(bh / heads, bh % heads, j) : nullptr;
           float* tile = dst + (bh * padded + j / kKeyTile * kKeyTile) * D + j % kKeyTile;
-          for (int d = 0; d < D; ++d) tile[d * kKeyTile] = row[d];
+          for (int d = 0; d < D; ++d) tile[d * kKeyTile] = row ? row[d] : 0.0f;
         }
     });
   }
