@@ -23,6 +23,8 @@ requires_bf16_kernels = pytest.mark.skipif(not CPU["bf16"], reason=f"oneDNN has 
 requires_int8_kernels = pytest.mark.skipif(not CPU["int8_vnni"],
                                            reason=f"oneDNN's int8 kernels lack VNNI on this CPU ({CPU['isa']}): int8 runs in fp32")
 BF16 = pytest.param(torch.bfloat16, marks=requires_bf16_kernels, id="bfloat16")
+# torch_llga's own kernels (csrc/jit/codegen/onednn/kernels/) need AVX2 and FMA.
+AVX2 = "avx2" in open("/proc/cpuinfo").read() and " fma" in open("/proc/cpuinfo").read()
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import torch_llga
 import torch_llga.dynamo
 
-from conftest import FP32, ConvNet, requires_bf16_kernels, run_in_threads
+from conftest import AVX2, FP32, ConvNet, requires_bf16_kernels, run_in_threads
 
 
 @pytest.fixture(autouse=True)
@@ -462,6 +462,33 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(cache):
     assert groups.count(["linear", "add"]) == layers
     assert groups.count(["mul", "mul", "linear", "add"]) == layers
     assert len(groups) == 6 * layers + 2
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
+def test_decoding_steps_stream_their_weights_through_the_row_kernel():
+    # Weights of 64K+ values (hidden 256): a decoding step's linears are llga::row_linear (the
+    # output and down projections, the LM head: it reads a slice of the last norm) or, after the
+    # RMSNorm that alone feeds them, llga::rms_norm_row_linear (q/k/v, gate/up); the tokens stay
+    # eager's (static cache, batch 1 and 4).
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = dict(LLAMA, hidden_size=256, intermediate_size=512)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**config)).eval()
+    compiled = LlamaForCausalLM(LlamaConfig(**config)).eval()
+    compiled.load_state_dict(model.state_dict())
+    compiled.forward = torch.compile(compiled.forward, backend="torch_llga")
+    settings = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static")
+    layers = config["num_hidden_layers"]
+    for batch in (1, 4):
+        ids = torch.randint(0, config["vocab_size"], (batch, 9))
+        with torch.no_grad():
+            expected = model.generate(ids, attention_mask=torch.ones_like(ids), **settings)
+            tokens = compiled.generate(ids, attention_mask=torch.ones_like(ids), **settings)
+        assert torch.equal(tokens, expected), f"batch {batch}"
+        step = str(torch.jit.last_executed_optimized_graph())
+        assert step.count("llga::rms_norm_row_linear(") == 2 * layers, step
+        assert step.count("llga::row_linear(") == 2 * layers + 1, step
 
 
 @pytest.mark.usefixtures("views_left_as_overloads")

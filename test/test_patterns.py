@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch_llga
 
-from conftest import PER_HEAD_BIAS_MODEL, FP32, Fused, check, opaque_outputs, SOME, BF16, CPU, requires_bf16_kernels
+from conftest import PER_HEAD_BIAS_MODEL, AVX2, FP32, Fused, check, opaque_outputs, SOME, BF16, CPU, requires_bf16_kernels
 
 
 class ConvBnRelu(nn.Module):
@@ -257,7 +257,9 @@ def test_per_sample_post_op_of_a_conv_stays_in_pytorch():
     check(lambda a, b: conv3d(a) + b, torch.randn(2, 4, 6, 6, 6), torch.randn(2, 1, 1, 1, 1), groups=[["_convolution"]])
 
 
-def test_one_row_matmul_then_full_size_add_stays_in_pytorch():
+def test_one_row_matmul_then_full_size_add_stays_in_pytorch(monkeypatch):
+    # (oneDNN's matmul, not torch_llga's row kernel, which would take these linears.)
+    monkeypatch.setenv("TORCH_LLGA_OWN_KERNELS", "0")
     # oneDNN 3.12 crashes (a segfault or a heap corruption) running an fp32 matmul of one row with
     # an add of the output's sizes, its "sum" post-op, from about K >= 1088 and N >= 512: a batch-1
     # classifier plus a residual, one token through a transformer's MLP. That add stays in PyTorch;
@@ -517,8 +519,6 @@ def test_sdpa_default_scale_follows_the_head_size():
             torch_llga.set_shape_policy("compile")
 
 
-AVX2 = "avx2" in open("/proc/cpuinfo").read() and " fma" in open("/proc/cpuinfo").read()
-
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's small-head attention kernel needs AVX2 and FMA")
 @pytest.mark.parametrize("head,keys", [(8, 1024), (16, 1000), (8, 517)])
@@ -704,6 +704,83 @@ def test_whisper_style_attention_reads_the_projections_views():
     assert any("linear" in g and "add" in g for g in fused.groups), fused.groups
     report = torch_llga.explain(SelfAttention(), x, verbose=False)
     assert report.own_kernels == ["llga::head64_attention"] and "own kernel: head64_attention" in str(report)
+
+
+class RmsNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm, written out as transformers writes it."""
+
+    def __init__(self, size, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.rand(size) + 0.5), eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def own_ops(graph, kind):
+    return str(graph).count(f"llga::{kind}(")
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_linears_of_a_few_rows_are_torch_llgas_row_kernel(rows):
+    # A decoder's step: a row a sequence against weights of 64K+ values: llga::row_linear, which
+    # streams the weight at the memory's rate (row_linear.cpp). 300 inputs (not a multiple of 8:
+    # the masked tail), a bias and none; the ReLU between is PyTorch's. Sums of 300-1,100 terms.
+    model = nn.Sequential(nn.Linear(300, 1100), nn.ReLU(), nn.Linear(1100, 600, bias=False))
+    x = torch.randn(1, rows, 300)
+    fused = check(model, x, groups=[])
+    assert own_ops(fused.graph, "row_linear") == 2 and fused.unfused == ["relu"]
+    report = torch_llga.explain(model, x, verbose=False)
+    assert report.own_kernels == ["llga::row_linear"] * 2 and "own kernel: row_linear x2" in str(report)
+    # more rows than profiled: at::linear, right (no guard: the op takes any rows)
+    more = torch.randn(1, 9, 300)
+    torch.testing.assert_close(fused(more), model(more), **FP32)
+    # NaN and Inf reach the outputs they reach in eager
+    odd = x.clone()
+    odd[0, 0, 7], odd[0, -1, 299] = float("nan"), float("inf")
+    torch.testing.assert_close(fused(odd), model(odd), equal_nan=True, **FP32)
+
+
+def test_linears_of_many_rows_or_small_weights_are_not_the_row_kernel(monkeypatch):
+    # 8 rows (a gemm's blocking pays: oneDNN), a 200 x 300 weight (60K values: a group's post-ops
+    # are worth more), own kernels off: oneDNN's groups.
+    model = nn.Sequential(nn.Linear(300, 1100), nn.ReLU(), nn.Linear(1100, 600))
+    fused = check(model, torch.randn(8, 300), groups=[["linear", "relu"], ["linear"]])
+    assert own_ops(fused.graph, "row_linear") == 0
+    small = nn.Sequential(nn.Linear(300, 200), nn.Tanh(), nn.Linear(200, 300))
+    fused = check(small, torch.randn(1, 300), groups=SOME)
+    assert own_ops(fused.graph, "row_linear") == 0
+    monkeypatch.setenv("TORCH_LLGA_OWN_KERNELS", "0")
+    fused = check(model, torch.randn(1, 300), groups=[["linear", "relu"], ["linear"]])
+    assert own_ops(fused.graph, "row_linear") == 0
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
+def test_rms_norm_read_only_by_a_row_linear_is_its_prologue():
+    # A decoder's norms before its projections: llga::rms_norm_row_linear normalizes the rows and
+    # streams the weight (no RMSNorm partition of one row). A norm with a second reader (the
+    # residual here) stays an RMSNorm group, its linear the row kernel.
+    class NormThenLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = RmsNorm(576), nn.Linear(576, 960, bias=False)
+            self.norm2, self.proj2 = RmsNorm(576, eps=1e-5), nn.Linear(576, 576)
+
+        def forward(self, x):
+            h = x + self.proj(self.norm(x))[..., :576]
+            n = self.norm2(h)
+            return self.proj2(n) + n
+
+    model, x = NormThenLinear().eval(), torch.randn(2, 1, 576)
+    fused = check(model, x, groups=[["rms_norm"]])
+    assert own_ops(fused.graph, "rms_norm_row_linear") == 1 and own_ops(fused.graph, "row_linear") == 1
+    with torch.no_grad():
+        odd = x.clone()
+        odd[1, 0, 3] = float("inf")  # eager: inf * rsqrt(inf) = NaN in that row
+        torch.testing.assert_close(fused(odd), model(odd), equal_nan=True, **FP32)
+        more = torch.randn(6, 1, 576)  # more rows than the kernel takes: at::rms_norm, at::linear
+        torch.testing.assert_close(fused(more), model(more), **FP32)
 
 
 def test_sdpa_oneDNN_cannot_take_whole_stays_in_pytorch(all_partitions):

@@ -8,7 +8,7 @@ import torch_llga
 from torch_llga.bench_models import MODELS
 from torch_llga.report import small_plans
 
-from conftest import FP32, Fused, run_in_threads, requires_bf16_kernels
+from conftest import AVX2, FP32, Fused, run_in_threads, requires_bf16_kernels
 
 pytestmark = pytest.mark.small_plan
 
@@ -328,11 +328,18 @@ def test_mlp_at_batch_1_is_one_plan():
 
 
 @pytest.mark.parametrize("rows, width", [(4, 256), (1, 1024)], ids=["4_rows_524K", "1_row_2M"])
-def test_matrix_vector_past_its_limit_goes_to_onednn(rows, width):
+def test_matrix_vector_past_its_limit_goes_to_the_row_kernel_or_onednn(rows, width, monkeypatch):
     """The plan reads the weights once per row: with 4 rows of 256 (524K multiply-adds) or one row
-    of 1024 (2M) oneDNN's groups are ahead."""
+    of 1024 (2M) torch_llga's row kernel (llga::row_linear, 0.82-0.84x the time of oneDNN's groups)
+    takes the linears; with own kernels off (or no AVX2), oneDNN's groups."""
     model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width)).eval()
     x = torch.randn(rows, width)
+    fused = Fused(model, (x,))
+    assert small_plans(fused.graph) == []
+    if AVX2:
+        assert fused.groups == [] and str(fused.graph).count("llga::row_linear(") == 2
+    torch.testing.assert_close(fused(x), model(x), **FP32)
+    monkeypatch.setenv("TORCH_LLGA_OWN_KERNELS", "0")
     fused = Fused(model, (x,))
     assert small_plans(fused.graph) == [] and fused.groups == [["linear", "relu"], ["linear"]]
     torch.testing.assert_close(fused(x), model(x), **FP32)

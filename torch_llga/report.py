@@ -24,6 +24,8 @@ def small_plans(graph):
 OWN_KERNELS = {
     "llga::small_head_attention": "attention of 8- or 16-wide heads over 512+ keys",
     "llga::head64_attention": "attention of 64-wide heads, 96+ queries over 128+ keys",
+    "llga::row_linear": "linear of 1-4 rows over a large weight (a decoder's step)",
+    "llga::rms_norm_row_linear": "RMSNorm and the linear of 1-4 rows that alone reads it",
 }
 
 

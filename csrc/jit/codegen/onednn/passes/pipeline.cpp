@@ -26,6 +26,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   PrepareQuantization(g);
   DeferSizeCheck(g);
   PlanSmallGraph(g);
+  RowLinears(g);
   FuseGraph(g);
   PropagateLayout(g);
   InsertGuards(g);

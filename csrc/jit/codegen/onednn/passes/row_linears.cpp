@@ -1,0 +1,84 @@
+// RowLinears: a linear of one to four rows (a decoder's step: a token a sequence) over a large
+// constant fp32 weight -> llga::row_linear (kernels/row_linear.h), which streams the weight at the
+// memory's rate, where oneDNN's one-row matmul reaches about two thirds of it; with the RMSNorm
+// before it, where the linear alone reads the norm, llga::rms_norm_row_linear (a oneDNN RMSNorm
+// partition of one row cost ~25 us, its math well under one). It runs after MergeParallelLinears
+// (the merged q/k/v and gate/up weights are the ones to stream) and PlanSmallGraph (a graph of tiny
+// tensors stays one plan), before the fuser, which leaves the ops to PyTorch's interpreter (a
+// residual add after them then runs in PyTorch: a few hundred floats). The rows are the profiled
+// ones; a call with more runs at::linear. Measured on generate() of a SmolLM2-135M-shaped Llama
+// (fp32, static cache, 2 threads, AMD EPYC Zen 3, AVX2): see row_linear.cpp and BENCHMARKS.md.
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/jit_log.h>
+
+#include <ATen/ATen.h>
+
+#include "jit/codegen/onednn/kernels/row_linear.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/settings/settings.h"
+
+namespace llga {
+
+namespace {
+
+using torch::jit::TensorType;
+
+// The linear's profiled rows (the product of x's sizes but the last), or 0 when unknown.
+int64_t profiled_rows(const Value* x) {
+  auto t = x->type()->cast<TensorType>();
+  if (!t || !t->isComplete() || t->scalarType() != at::kFloat || !t->dim() || *t->dim() == 0) return 0;
+  int64_t rows = 1;
+  auto sizes = *t->sizes().concrete_sizes();
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) rows *= sizes[i];
+  return rows;
+}
+
+// The aten::rms_norm over the last dim (of `size` values) that produced x, where the linear is all
+// that reads it; else nullptr.
+Node* rms_norm_of_last_dim(Value* x, int64_t size) {
+  Node* norm = x->node();
+  if (norm->kind() != c10::aten::rms_norm || norm->inputs().size() != 4 || x->uses().size() != 1) return nullptr;
+  auto shape = torch::jit::toIValue(norm->input(1));
+  if (!shape || !shape->isIntList() || shape->toIntList().size() != 1 || shape->toIntList().get(0) != size) return nullptr;
+  auto eps = torch::jit::toIValue(norm->input(3));
+  if (!eps || !(eps->isNone() || eps->isDouble())) return nullptr;
+  return norm;
+}
+
+void take_row_linears(const std::shared_ptr<Graph>& g, torch::jit::Block* block) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* n = *it++;
+    for (auto* b : n->blocks()) take_row_linears(g, b);
+    if (n->kind() != c10::aten::linear || n->inputs().size() != 3) continue;
+    auto w = torch::jit::toIValue(n->input(1));
+    auto b = torch::jit::toIValue(n->input(2));
+    auto out = n->output()->type()->cast<TensorType>();
+    if (!w || !w->isTensor() || !b || !(b->isNone() || b->isTensor()) || !out || !out->isComplete()) continue;
+    const at::Tensor& weight = w->toTensor();
+    if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !weight.device().is_cpu() ||
+        !row_linear_runs(profiled_rows(n->input(0)), weight.size(0), weight.size(1)))
+      continue;
+    if (b->isTensor() && (b->toTensor().scalar_type() != at::kFloat || b->toTensor().dim() != 1)) continue;
+    torch::jit::WithInsertPoint point(n);
+    Node* norm = rms_norm_of_last_dim(n->input(0), weight.size(1));
+    Value* weight_value = weight.is_contiguous() ? n->input(1) : g->insertConstant(weight.contiguous());
+    Value* bias_value = b->isTensor() && !b->toTensor().is_contiguous() ? g->insertConstant(b->toTensor().contiguous())
+                                                                        : n->input(2);
+    Node* own = norm ? g->create(kRmsNormRowLinear, {norm->input(0), norm->input(2), norm->input(3), weight_value, bias_value})
+                     : g->create(kRowLinear, {n->input(0), weight_value, bias_value});
+    own->insertBefore(n);
+    own->output()->setType(out);
+    n->output()->replaceAllUsesWith(own->output());
+    n->destroy();
+    if (norm) norm->destroy();
+  }
+}
+
+}  // namespace
+
+void RowLinears(std::shared_ptr<Graph>& g) {
+  if (runtime::own_kernels_enabled()) take_row_linears(g, g->block());
+  GRAPH_DUMP("After RowLinears", g);
+}
+
+}  // namespace llga
