@@ -468,8 +468,9 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(cache):
 def test_decoding_steps_stream_their_weights_through_the_row_kernel():
     # Weights of 64K+ values (hidden 256): a decoding step's linears are llga::row_linear (the
     # output and down projections, the LM head: it reads a slice of the last norm) or, after the
-    # RMSNorm that alone feeds them, llga::rms_norm_row_linear (q/k/v, gate/up); the tokens stay
-    # eager's (static cache, batch 1 and 4).
+    # RMSNorm that alone feeds them, llga::rms_norm_row_linear (q/k/v, gate/up); the attention over
+    # the cache is llga::decode_attention, reading the cache's 2 KV heads for the 4 query heads (no
+    # repeat_kv copies); the tokens stay eager's (static cache, batch 1 and 4).
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = dict(LLAMA, hidden_size=256, intermediate_size=512)
@@ -489,6 +490,8 @@ def test_decoding_steps_stream_their_weights_through_the_row_kernel():
         step = str(torch.jit.last_executed_optimized_graph())
         assert step.count("llga::rms_norm_row_linear(") == 2 * layers, step
         assert step.count("llga::row_linear(") == 2 * layers + 1, step
+        attention = [n for n in torch.jit.last_executed_optimized_graph().nodes() if n.kind() == "llga::decode_attention"]
+        assert len(attention) == layers and all(n.inputsAt(1).node().kind() != "aten::reshape" for n in attention)
 
 
 @pytest.mark.usefixtures("views_left_as_overloads")

@@ -783,6 +783,91 @@ def test_rms_norm_read_only_by_a_row_linear_is_its_prologue():
         torch.testing.assert_close(fused(more), model(more), **FP32)
 
 
+class CacheAttention(nn.Module):
+    """A decoder step's attention as transformers traces it: the new key and value written into the
+    cache in place (index_copy_), the cache's heads repeated for the query heads (repeat_kv), SDPA."""
+
+    def __init__(self, write_after_copy=False):
+        super().__init__()
+        self.write_after_copy = write_after_copy
+
+    def forward(self, q, keys, values, position, mask):
+        b, kv_heads, length, d = keys.shape
+        n = q.shape[1] // kv_heads
+        keys.index_copy_(2, position, q[:, :kv_heads, :1] * 0.5)
+        values.index_copy_(2, position, q[:, :kv_heads, :1])
+        repeat = lambda t: t[:, :, None, :, :].expand(b, kv_heads, n, length, d).reshape(b, kv_heads * n, length, d)  # noqa: E731
+        k, v = repeat(keys), repeat(values)
+        if self.write_after_copy:
+            keys.add_(1)  # after repeat_kv's copy: the attention must not see it
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def cache_attention_inputs(batch, heads, kv_heads, queries, length, d, mask_dtype):
+    q = torch.randn(batch, heads, queries, d)
+    keys, values = torch.randn(batch, kv_heads, length, d), torch.randn(batch, kv_heads, length, d)
+    attend = torch.rand(batch, 1, queries, length) > 0.3
+    attend[..., 3] = True
+    mask = attend if mask_dtype == torch.bool else torch.zeros(attend.shape).masked_fill(~attend, float("-inf"))
+    return q, keys, values, torch.tensor([3]), mask
+
+
+def run_cache_attention(model, inputs):
+    """The model traced with torch_llga on and run past profiling on fresh copies of the cache;
+    returns (the optimized graph, a function giving (fused, eager) outputs and caches for inputs)."""
+    copies = lambda a: [t.clone() for t in a]  # noqa: E731
+    with torch.no_grad(), torch_llga.enabled():
+        traced = torch.jit.trace(model, tuple(copies(inputs)))
+        for _ in range(3):
+            traced(*copies(inputs))
+        graph = torch.jit.last_executed_optimized_graph()
+
+    def both(a):
+        fused_in, eager_in = copies(a), copies(a)
+        with torch.no_grad():
+            return (traced(*fused_in), fused_in[1:3]), (model(*eager_in), eager_in[1:3])
+
+    return graph, both
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's decode attention kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("shape", [(1, 9, 3, 1, 160, 64, torch.float), (2, 8, 2, 3, 100, 128, torch.bool),
+                                   (1, 4, 4, 1, 37, 64, torch.float)], ids=["gqa_float_mask", "gqa_bool_mask_3_queries", "mha"])
+def test_decoder_step_attention_reads_its_kv_cache_in_place(shape):
+    # A decoder's step (1-8 queries, heads of 64 or 128) over a cache written in place:
+    # llga::decode_attention reads the cache's heads for each group of query heads (no repeat_kv
+    # copy); the cache's writes land as in eager. NaN in q: PyTorch's attention, eager's NaN.
+    # (Sums of up to 160 terms: within fp32's 1e-5.)
+    inputs = cache_attention_inputs(*shape)
+    graph, both = run_cache_attention(CacheAttention(), inputs)
+    node = graph.findNode("llga::decode_attention")
+    assert node is not None and "scaled_dot_product_attention" not in str(graph)
+    assert [i.node().kind() for i in list(node.inputs())[1:3]] != ["aten::reshape"] * 2  # the cache itself
+    (out, caches), (expected, expected_caches) = both(inputs)
+    torch.testing.assert_close(out, expected, **FP32)
+    for c, e in zip(caches, expected_caches):
+        torch.testing.assert_close(c, e, **FP32)
+    odd = list(inputs)
+    odd[0] = inputs[0].clone()
+    odd[0][0, 1, 0, 5] = float("nan")
+    (out, _), (expected, _) = both(odd)
+    torch.testing.assert_close(out, expected, equal_nan=True, **FP32)
+    assert out.isnan().any()
+
+
+def test_decoder_attention_after_a_write_to_its_copied_cache_reads_the_copy():
+    # The cache written between repeat_kv's copy and the attention: reading the cache in place
+    # would see the write, so the kernel reads the copies; 9 queries: not a decoder's step.
+    inputs = cache_attention_inputs(1, 4, 2, 1, 40, 64, torch.float)
+    graph, both = run_cache_attention(CacheAttention(write_after_copy=True), inputs)
+    node = graph.findNode("llga::decode_attention")
+    assert node is not None and [i.node().kind() for i in list(node.inputs())[1:3]] == ["aten::reshape"] * 2
+    (out, _), (expected, _) = both(inputs)
+    torch.testing.assert_close(out, expected, **FP32)
+    graph, both = run_cache_attention(CacheAttention(), cache_attention_inputs(1, 4, 2, 9, 40, 64, torch.float))
+    assert graph.findNode("llga::decode_attention") is None
+
+
 def test_sdpa_oneDNN_cannot_take_whole_stays_in_pytorch(all_partitions):
     # One value per row (v's last dim 1): oneDNN's matmul of one output column is left to PyTorch
     # (quirks::matrix_vector_product), so the attention stays PyTorch's SDPA, not half spelled out

@@ -26,6 +26,7 @@ OWN_KERNELS = {
     "llga::head64_attention": "attention of 64-wide heads, 96+ queries over 128+ keys",
     "llga::row_linear": "linear of 1-4 rows over a large weight (a decoder's step)",
     "llga::rms_norm_row_linear": "RMSNorm and the linear of 1-4 rows that alone reads it",
+    "llga::decode_attention": "attention of a decoder's 1-8 queries over its KV cache, grouped heads read in place",
 }
 
 

@@ -72,6 +72,7 @@ std::optional<c10::IValue> matched_constant(const torch::jit::Match& match,
 void RemoveMutation(std::shared_ptr<Graph>& g);    // in-place forms of mapped ops -> functional
 void ComposeRmsNorm(std::shared_ptr<Graph>& g);    // RMSNorm written out (pow, mean, rsqrt, mul) -> aten::rms_norm
 void SplitChunkedLinears(std::shared_ptr<Graph>& g);  // a biased linear's output chunked on its last dim -> a linear per chunk
+void DecodeAttention(std::shared_ptr<Graph>& g);   // SDPA of a decoder's step over a KV cache -> llga::decode_attention
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, addmm, MHA fast path, SDPA -> mapped ops; bf16 LN weights -> fp32
 void MergeParallelLinears(std::shared_ptr<Graph>& g);  // bias-free linears of one input -> one linear, sliced
 void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1

@@ -20,6 +20,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   RemoveMutation(g);
   ComposeRmsNorm(g);
   SplitChunkedLinears(g);
+  DecodeAttention(g);
   DecomposeOps(g);
   MergeParallelLinears(g);
   PrepareBinary(g);

@@ -1,0 +1,223 @@
+// llga::decode_attention: a decoder step's attention over its KV cache, fp32, heads of 64 or 128,
+// AVX2 + FMA.
+//
+// At one query a head, attention is a pass over the cache: each key's score (a 64-long dot
+// product), the softmax of the row, the values weighted. PyTorch's path for it costs more than the
+// pass: transformers copies the cache's K and V n times a layer to give every query head its own
+// (repeat_kv: SmolLM2-135M's 3 KV heads for 9 query heads, 2 x 368 KB a layer at 160 positions),
+// then the flash kernel's blocking is set up for one row. This kernel reads the cache in place, all
+// query heads of a KV head (n x queries rows) one after another against its K and V (L2-resident).
+// Per row: the scores (scaled, the mask added) in a buffer, exp(score - max) with the attention
+// kernels' exponential (vector_math.h), then the values weighted in registers.
+// Measured on generate() of a SmolLM2-135M-shaped Llama (fp32, static cache of 160-256 positions,
+// 2 threads, AMD EPYC Zen 3): see BENCHMARKS.md.
+//
+// Anything else (another dtype, head size or layout, NaN or Inf reaching a score or the output,
+// a fully masked row) is PyTorch's scaled_dot_product_attention on the repeated heads: eager's result.
+#include "jit/codegen/onednn/kernels/decode_attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "jit/codegen/onednn/kernels/vector_math.h"
+
+namespace llga {
+
+namespace {
+using namespace vector_math;
+
+// The key or value eager attends to: source's heads repeated (source.unsqueeze(2).expand(expanded)
+// .reshape(shape), transformers' repeat_kv, a copy), or source itself.
+at::Tensor as_eager(const at::Tensor& source, const std::optional<c10::IntArrayRef>& expanded,
+                    const std::optional<c10::IntArrayRef>& shape) {
+  return expanded && shape ? source.unsqueeze(2).expand(*expanded).reshape(*shape) : source;
+}
+
+// How many times expanded and shape repeat each of source's heads ([B, Hkv, L, D] -> [B, Hkv, n, L, D]
+// -> [B, Hkv * n, L, D]); 1 without them, 0 where they do something else.
+int64_t repeats(const at::Tensor& source, const std::optional<c10::IntArrayRef>& expanded,
+                const std::optional<c10::IntArrayRef>& shape) {
+  if (!expanded || !shape) return 1;
+  if (source.dim() != 4 || expanded->size() != 5 || shape->size() != 4) return 0;
+  const auto s = source.sizes();
+  const std::vector<int64_t> unsqueezed = {s[0], s[1], 1, s[2], s[3]};
+  std::vector<int64_t> e(5);
+  for (int i = 0; i < 5; ++i) e[i] = (*expanded)[i] == -1 ? unsqueezed[i] : (*expanded)[i];
+  if (e[0] != s[0] || e[1] != s[1] || e[3] != s[2] || e[4] != s[3] || e[2] < 1) return 0;
+  const int64_t numel = source.numel() * e[2];
+  for (int64_t d : *shape)
+    if (d < -1) return 0;
+  if (std::count(shape->begin(), shape->end(), -1) > 1) return 0;
+  int64_t known = 1;
+  for (int64_t d : *shape) known *= d == -1 ? 1 : d;
+  std::vector<int64_t> r(shape->begin(), shape->end());
+  for (auto& d : r)
+    if (d == -1) d = known == 0 ? 0 : numel / known;
+  return r == std::vector<int64_t>{s[0], s[1] * e[2], s[2], s[3]} ? e[2] : 0;
+}
+
+// PyTorch's attention on k and v as eager has them.
+at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
+}
+
+// Whether any of the n floats is NaN (-inf and inf are not).
+[[gnu::target("avx2,fma")]] bool any_nan(const float* x, int64_t n) {
+  __m256 nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  bool found = _mm256_movemask_ps(nan) != 0;
+  for (; i < n; ++i) found = found || std::isnan(x[i]);
+  return found;
+}
+
+// One query row: out = softmax(q . K^T * scale + mask) V over `keys` rows of K and V (row stride
+// kv_stride); mask (nullptr: none) holds a float per key. `s` has room for the keys padded to 16.
+// Returns false where the row is not for this kernel (NaN in a score, no finite maximum).
+template <int D>
+[[gnu::target("avx2,fma")]] bool attend_row(const float* q, const float* k, const float* v, int64_t kv_stride,
+                                            int64_t keys, const float* mask, float scale, float* s, float* out) {
+  __m256 qv[D / 8];
+#pragma GCC unroll 16
+  for (int d = 0; d < D / 8; ++d) qv[d] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * d), _mm256_set1_ps(scale));
+  for (int64_t j = 0; j < keys; ++j) {
+    const float* kj = k + j * kv_stride;
+    __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kj)), a1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(kj + 8));
+#pragma GCC unroll 16
+    for (int d = 2; d < D / 8; d += 2) {
+      a0 = _mm256_fmadd_ps(qv[d], _mm256_loadu_ps(kj + 8 * d), a0);
+      a1 = _mm256_fmadd_ps(qv[d + 1], _mm256_loadu_ps(kj + 8 * d + 8), a1);
+    }
+    s[j] = horizontal_sum(_mm256_add_ps(a0, a1)) + (mask ? mask[j] : 0.0f);
+  }
+  if (any_nan(s, keys)) return false;
+  const int64_t padded = (keys + 15) / 16 * 16;
+  const float sum = exponentials(s, keys, padded);
+  if (!std::isfinite(sum)) return false;  // no finite maximum: a fully masked row, or overflow
+  __m256 acc[D / 8];
+#pragma GCC unroll 16
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t j = 0; j < keys; ++j) {
+    const __m256 p = _mm256_broadcast_ss(s + j);
+    const float* vj = v + j * kv_stride;
+#pragma GCC unroll 16
+    for (int d = 0; d < D / 8; ++d) acc[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * d), acc[d]);
+  }
+  const __m256 inverse = _mm256_set1_ps(1.0f / sum);
+#pragma GCC unroll 16
+  for (int d = 0; d < D / 8; ++d) _mm256_storeu_ps(out + 8 * d, _mm256_mul_ps(acc[d], inverse));
+  return true;
+}
+
+// q [B, H, Lq, D], k and v [B, Hkv, L, D] (rows contiguous), mask [B, H, Lq, L] of floats (keys
+// contiguous; broadcast dims stride 0) or undefined; out [B, H, Lq, D] contiguous.
+template <int D>
+bool attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, float scale, at::Tensor& out) {
+  const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), kv_heads = k.size(1), keys = k.size(2);
+  const int64_t n = heads / kv_heads;
+  const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>(), *vp = v.const_data_ptr<float>();
+  const float* mp = mask.defined() ? mask.const_data_ptr<float>() : nullptr;
+  float* op = out.mutable_data_ptr<float>();
+  std::atomic<bool> ok{true};
+  // A KV head's rows a task; split over the threads only where the cache is long enough to pay.
+  const int64_t grain = keys * D * n * queries >= 64 * 1024 ? 1 : batch * kv_heads;
+  at::parallel_for(0, batch * kv_heads, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> s((keys + 15) / 16 * 16);
+    for (int64_t bg = begin; bg < end && ok.load(std::memory_order_relaxed); ++bg) {
+      const int64_t b = bg / kv_heads, g = bg % kv_heads;
+      const float* kh = kp + b * k.stride(0) + g * k.stride(1);
+      const float* vh = vp + b * v.stride(0) + g * v.stride(1);
+      for (int64_t h = g * n; h < (g + 1) * n; ++h)
+        for (int64_t i = 0; i < queries; ++i) {
+          const float* qi = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
+          const float* mi = mp ? mp + b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2) : nullptr;
+          float* oi = op + ((b * heads + h) * queries + i) * D;
+          if (!attend_row<D>(qi, kh, vh, k.stride(2), keys, mi, scale, s.data(), oi)) {
+            ok.store(false, std::memory_order_relaxed);
+            return;
+          }
+        }
+    }
+  });
+  return ok.load();
+}
+
+// k and v: [B, Hkv, L, D] caches whose heads eager repeats (k_expanded, k_shape: repeat_kv's sizes),
+// or the keys and values themselves (no sizes).
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& mask, std::optional<double> scale,
+                            const std::optional<c10::IntArrayRef>& k_expanded, const std::optional<c10::IntArrayRef>& k_shape,
+                            const std::optional<c10::IntArrayRef>& v_expanded, const std::optional<c10::IntArrayRef>& v_shape) {
+  auto fits = [](const at::Tensor& t) {
+    return t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.requires_grad() && t.stride(3) == 1;
+  };
+  auto eager = [&] { return pytorch_attention(q, as_eager(k, k_expanded, k_shape), as_eager(v, v_expanded, v_shape), mask, scale); };
+  const int64_t n = repeats(k, k_expanded, k_shape);
+  const int64_t d = q.dim() == 4 ? q.size(3) : 0;
+  bool ok = cpu_has_avx2_fma() && n > 0 && repeats(v, v_expanded, v_shape) == n && fits(q) && fits(k) && fits(v) &&
+            decode_attention_runs(d, q.size(2)) && k.size(3) == d && v.size(3) == d && k.size(0) == q.size(0) &&
+            v.size(0) == q.size(0) && k.size(1) == v.size(1) && k.size(1) * n == q.size(1) && k.size(2) == v.size(2) &&
+            k.size(2) > 0 && k.stride(2) == v.stride(2);
+  at::Tensor additive;
+  if (ok && mask) {  // broadcast to [B, H, Lq, L] (a view), as floats to add
+    ok = mask->dim() <= 4 && mask->device().is_cpu() &&
+         (mask->scalar_type() == at::kFloat || mask->scalar_type() == at::kBool) &&
+         at::is_expandable_to(mask->sizes(), {q.size(0), q.size(1), q.size(2), k.size(2)});
+    if (ok) {
+      additive = mask->scalar_type() == at::kBool
+                     ? at::where(*mask, at::zeros({}, q.options()), at::full({}, -std::numeric_limits<float>::infinity(), q.options()))
+                     : *mask;
+      additive = additive.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
+      if (additive.stride(3) != 1) additive = additive.contiguous();
+    }
+  }
+  if (!ok) return eager();
+  const float s = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d)));
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), d}, q.options());
+  const bool done = d == 64 ? attend<64>(q, k, v, additive, s, out) : attend<128>(q, k, v, additive, s, out);
+  if (!done || !all_finite(out.const_data_ptr<float>(), out.numel())) return eager();
+  return out;
+}
+
+torch::jit::RegisterOperators registered({torch::jit::Operator(
+    "llga::decode_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, int[]? key_expanded, "
+    "int[]? key_shape, int[]? value_expanded, int[]? value_shape) -> Tensor",
+    [](torch::jit::Stack& stack) {
+      auto list = [](const c10::IValue& i) {
+        return i.isNone() ? std::nullopt : std::optional<std::vector<int64_t>>(i.toIntVector());
+      };
+      auto v_shape = list(torch::jit::pop(stack)), v_expanded = list(torch::jit::pop(stack));
+      auto k_shape = list(torch::jit::pop(stack)), k_expanded = list(torch::jit::pop(stack));
+      auto scale = torch::jit::pop(stack).toOptional<double>();
+      auto mask = torch::jit::pop(stack).toOptional<at::Tensor>();
+      at::Tensor v = torch::jit::pop(stack).toTensor();
+      at::Tensor k = torch::jit::pop(stack).toTensor();
+      at::Tensor q = torch::jit::pop(stack).toTensor();
+      auto ref = [](const std::optional<std::vector<int64_t>>& l) {
+        return l ? std::optional<c10::IntArrayRef>(*l) : std::nullopt;
+      };
+      torch::jit::push(stack, decode_attention(q, k, v, mask, scale, ref(k_expanded), ref(k_shape), ref(v_expanded), ref(v_shape)));
+    },
+    c10::AliasAnalysisKind::FROM_SCHEMA)});
+
+}  // namespace
+
+bool decode_attention_runs(int64_t head_size, int64_t queries) {
+  return vector_math::cpu_has_avx2_fma() && (head_size == 64 || head_size == 128) && queries >= 1 &&
+         queries <= kDecodeAttentionMaxQueries;
+}
+
+}  // namespace llga

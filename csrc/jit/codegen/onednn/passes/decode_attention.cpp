@@ -1,0 +1,121 @@
+// DecodeAttention: scaled_dot_product_attention of a decoder's step (1-8 queries, fp32, heads of 64
+// or 128) -> llga::decode_attention (kernels/decode_attention.h), which reads the KV cache in place.
+// Grouped-query heads: where k and v are a cache's heads repeated (transformers' repeat_kv, traced as
+//   reshape(expand(unsqueeze(cache[:, :, ...], 2)[:, :, ...], [B, Hkv, n, L, D]), [B, Hkv * n, L, D])
+// ) the kernel takes the cache itself and the two size lists, checks at run time that they repeat
+// its heads (else it computes the copy as eager does) and skips the copy. The cache is written in
+// place every step (index_copy_), which keeps such attention away from oneDNN (decompose_ops.cpp);
+// the kernel reads it where the copy did, so no write to it may lie between the two (checked).
+#include <torch/csrc/jit/ir/alias_analysis.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/jit_log.h>
+
+#include <c10/util/strides.h>
+
+#include <limits>
+
+#include "jit/codegen/onednn/kernels/decode_attention.h"
+#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/settings/settings.h"
+
+namespace llga {
+
+namespace {
+
+using torch::jit::TensorType;
+
+std::optional<std::vector<int64_t>> sizes_of(const Value* v) {
+  auto t = v->type()->cast<TensorType>();
+  if (!t || !t->isComplete()) return std::nullopt;
+  return *t->sizes().concrete_sizes();
+}
+
+// Whether n is x[..., :, ...] as traced: a slice from 0 to the end, step 1 (a view of all of x,
+// whatever its sizes).
+bool whole_slice(const Node* n) {
+  if (n->kind() != c10::aten::slice || n->inputs().size() != 5) return false;
+  auto start = torch::jit::toIValue(n->input(2)), end = torch::jit::toIValue(n->input(3));
+  auto step = torch::jit::constant_as<int64_t>(n->input(4));
+  return start && (start->isNone() || (start->isInt() && start->toInt() == 0)) && end &&
+         (end->isNone() || (end->isInt() && end->toInt() >= std::numeric_limits<int32_t>::max())) && step && *step == 1;
+}
+
+Value* past_whole_slices(Value* v) {
+  while (whole_slice(v->node())) v = v->node()->input(0);
+  return v;
+}
+
+struct RepeatedHeads {
+  Value* source = nullptr;   // [B, Hkv, L, D]
+  Value* expanded = nullptr;  // the expand's sizes (int[])
+  Value* shape = nullptr;     // the reshape's (int[])
+  Node* copy = nullptr;       // the reshape: where eager reads the source
+};
+
+// kv as reshape(expand(unsqueeze(source, 2))) with whole slices between, or nullopt.
+std::optional<RepeatedHeads> repeated_heads(Value* kv) {
+  Node* reshape = kv->node();
+  if (reshape->kind() != c10::aten::reshape) return std::nullopt;
+  Node* expand = reshape->input(0)->node();
+  if (expand->kind() != c10::aten::expand || expand->inputs().size() != 3) return std::nullopt;
+  auto implicit = torch::jit::constant_as<bool>(expand->input(2));
+  Node* unsqueeze = past_whole_slices(expand->input(0))->node();
+  auto dim = unsqueeze->kind() == c10::aten::unsqueeze ? torch::jit::constant_as<int64_t>(unsqueeze->input(1)) : std::nullopt;
+  if (!implicit || *implicit || !dim || *dim != 2) return std::nullopt;
+  return RepeatedHeads{past_whole_slices(unsqueeze->input(0)), expand->input(1), reshape->input(1), reshape};
+}
+
+// Whether a node between `from` and `to` (same block, from first) writes to what v may alias.
+bool written_between(const torch::jit::AliasDb& db, Node* from, Node* to, Value* v) {
+  if (from->owningBlock() != to->owningBlock() || !from->isBefore(to)) return true;
+  for (Node* m = from->next(); m != to; m = m->next())
+    if (db.writesToAlias(m, {v})) return true;
+  return false;
+}
+
+void take_decode_attention(torch::jit::Block* block, const torch::jit::AliasDb& db) {
+  static const char* kSchema =
+      "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+      "float dropout_p=0., bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor";
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* n = *it++;
+    for (auto* b : n->blocks()) take_decode_attention(b, db);
+    if (!n->matches(kSchema)) continue;
+    auto q = n->input(0)->type()->cast<TensorType>();
+    auto qs = sizes_of(n->input(0)), ks = sizes_of(n->input(1)), vs = sizes_of(n->input(2));
+    auto dropout = torch::jit::constant_as<double>(n->input(4));
+    auto causal = torch::jit::constant_as<bool>(n->input(5));
+    auto gqa = torch::jit::constant_as<bool>(n->input(7));
+    auto scale = torch::jit::toIValue(n->input(6));
+    if (!q || !qs || !ks || !vs || qs->size() != 4 || *ks != *vs || ks->size() != 4 || q->scalarType() != at::kFloat ||
+        (*qs)[0] != (*ks)[0] || (*qs)[1] != (*ks)[1] || (*qs)[3] != (*ks)[3] || !decode_attention_runs((*qs)[3], (*qs)[2]) ||
+        !dropout || *dropout != 0 || !causal || *causal || !gqa || *gqa || !scale || !(scale->isNone() || scale->isDouble()))
+      continue;
+    auto k = repeated_heads(n->input(1)), v = repeated_heads(n->input(2));
+    if (k && v && (written_between(db, k->copy, n, k->source) || written_between(db, v->copy, n, v->source))) k = v = std::nullopt;
+    Graph* g = block->owningGraph();
+    torch::jit::WithInsertPoint point(n);
+    Value* none = g->insertConstant(c10::IValue());
+    std::vector<Value*> args = {n->input(0), n->input(1), n->input(2), n->input(3), n->input(6), none, none, none, none};
+    if (k && v) args = {n->input(0), k->source, v->source, n->input(3), n->input(6), k->expanded, k->shape, v->expanded, v->shape};
+    Value* out = g->insertNode(g->create(kDecodeAttention, args))->output();
+    std::vector<int64_t> out_sizes = *qs;
+    auto strides = c10::contiguous_strides(out_sizes);
+    out->setType(q->withSizesStrides(out_sizes, std::vector<int64_t>(strides.begin(), strides.end())));
+    n->output()->replaceAllUsesWith(out);
+    n->destroy();
+  }
+}
+
+}  // namespace
+
+void DecodeAttention(std::shared_ptr<Graph>& g) {
+  if (runtime::own_kernels_enabled()) {
+    torch::jit::AliasDb db(g);
+    take_decode_attention(g->block(), db);
+  }
+  GRAPH_DUMP("After DecodeAttention", g);
+}
+
+}  // namespace llga
