@@ -667,13 +667,15 @@ def test_attention_of_a_copy_whose_source_is_written_after_it_stays_in_pytorch()
     assert "scaled_dot_product_attention" in fused.unfused and "llga::head64_attention" not in str(fused.graph)
 
 
-def test_few_queries_of_64_wide_heads_are_not_torch_llgas_kernel():
-    # A decoder's step (one query) or a short prompt: a 24-row block would be mostly padding.
-    # Over 1,024+ keys PyTorch's flash kernel, below them oneDNN's SDPA.
+def test_few_queries_of_64_wide_heads_are_not_the_head64_kernel():
+    # A decoder's step (one query) over 1,500 keys: llga::decode_attention (with AVX2; else PyTorch's
+    # flash kernel), not the head-64 kernel, whose 24-row block would be mostly padding; 95 queries
+    # over 200 keys: oneDNN's SDPA.
     fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c)  # noqa: E731
     q, k, v = torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1500, 64), torch.randn(1, 2, 1500, 64)
     fused = check(fn, q, k, v, groups=[], rtol=1e-5, atol=5e-5)
-    assert "llga::head64_attention" not in str(fused.graph) and "scaled_dot_product_attention" in fused.unfused
+    assert "llga::head64_attention" not in str(fused.graph)
+    assert ("llga::decode_attention" in str(fused.graph)) == AVX2 and ("scaled_dot_product_attention" in fused.unfused) != AVX2
     fused = check(fn, q.expand(1, 2, 95, 64).contiguous(), k[:, :, :200], v[:, :, :200], groups=SOME)
     assert "llga::head64_attention" not in str(fused.graph) and SDPA_GROUP in fused.groups
 

@@ -31,6 +31,10 @@ class FirstToken:
 
 def run(model_dir, prompt, new_tokens, rounds, threads, dtype):
     import torch
+
+    # optimum-intel imports diffusers wherever it finds it: the main venv's (the bench's UNet) needs a
+    # newer huggingface_hub than optimum-intel's pin. An LLM export needs none of it.
+    sys.modules.setdefault("diffusers", None)
     from optimum.intel import OVModelForCausalLM
 
     start = time.perf_counter()
