@@ -785,6 +785,27 @@ def test_rms_norm_read_only_by_a_row_linear_is_its_prologue():
         torch.testing.assert_close(fused(more), model(more), **FP32)
 
 
+def test_rms_norm_whose_input_is_written_before_its_linear_reads_it_is_not_folded():
+    # The fused op reads the norm's input where the linear is: a write to it in between (here h.add_)
+    # keeps the norm apart (its linear still the row kernel).
+    class WrittenBetween(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = RmsNorm(576), nn.Linear(576, 960, bias=False)
+
+        def forward(self, x):
+            h = x * 1.0
+            n = self.norm(h)
+            h.add_(1)
+            return self.proj(n)[..., :576] + h
+
+    model, x = WrittenBetween().eval(), torch.randn(1, 1, 576)
+    fused = Fused(model, (x,))
+    assert own_ops(fused.graph, "rms_norm_row_linear") == 0 and own_ops(fused.graph, "row_linear") == AVX2
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), **FP32)
+
+
 class CacheAttention(nn.Module):
     """A decoder step's attention as transformers traces it: the new key and value written into the
     cache in place (index_copy_), the cache's heads repeated for the query heads (repeat_kv), SDPA."""

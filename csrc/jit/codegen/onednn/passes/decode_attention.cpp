@@ -14,6 +14,8 @@
 #include <c10/util/strides.h>
 
 #include <limits>
+#include <optional>
+#include <vector>
 
 #include "jit/codegen/onednn/kernels/decode_attention.h"
 #include "jit/codegen/onednn/passes/passes.h"
@@ -74,13 +76,19 @@ bool written_between(const torch::jit::AliasDb& db, Node* from, Node* to, Value*
   return false;
 }
 
-void take_decode_attention(torch::jit::Block* block, const torch::jit::AliasDb& db) {
+// An attention the kernel takes, with the caches it reads in place where k and v repeat their heads.
+struct DecodeStep {
+  Node* attention;
+  std::optional<RepeatedHeads> k, v;
+};
+
+// The attention to rewrite, found before any change (the alias analysis describes the graph as it was).
+void find_decode_attention(torch::jit::Block* block, const torch::jit::AliasDb& db, std::vector<DecodeStep>& found) {
   static const char* kSchema =
       "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
       "float dropout_p=0., bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor";
-  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
-    Node* n = *it++;
-    for (auto* b : n->blocks()) take_decode_attention(b, db);
+  for (Node* n : block->nodes()) {
+    for (auto* b : n->blocks()) find_decode_attention(b, db, found);
     if (!n->matches(kSchema)) continue;
     auto q = n->input(0)->type()->cast<TensorType>();
     auto qs = sizes_of(n->input(0)), ks = sizes_of(n->input(1)), vs = sizes_of(n->input(2));
@@ -93,27 +101,39 @@ void take_decode_attention(torch::jit::Block* block, const torch::jit::AliasDb& 
         !dropout || *dropout != 0 || !causal || *causal || !gqa || *gqa || !scale || !(scale->isNone() || scale->isDouble()))
       continue;
     auto k = repeated_heads(n->input(1)), v = repeated_heads(n->input(2));
-    if (k && v && (written_between(db, k->copy, n, k->source) || written_between(db, v->copy, n, v->source))) k = v = std::nullopt;
-    Graph* g = block->owningGraph();
-    torch::jit::WithInsertPoint point(n);
-    Value* none = g->insertConstant(c10::IValue());
-    std::vector<Value*> args = {n->input(0), n->input(1), n->input(2), n->input(3), n->input(6), none, none, none, none};
-    if (k && v) args = {n->input(0), k->source, v->source, n->input(3), n->input(6), k->expanded, k->shape, v->expanded, v->shape};
-    Value* out = g->insertNode(g->create(kDecodeAttention, args))->output();
-    std::vector<int64_t> out_sizes = *qs;
-    auto strides = c10::contiguous_strides(out_sizes);
-    out->setType(q->withSizesStrides(out_sizes, std::vector<int64_t>(strides.begin(), strides.end())));
-    n->output()->replaceAllUsesWith(out);
-    n->destroy();
+    if (!k || !v || written_between(db, k->copy, n, k->source) || written_between(db, v->copy, n, v->source)) k = v = std::nullopt;
+    found.push_back({n, k, v});
   }
+}
+
+void take_decode_attention(const DecodeStep& step) {
+  Node* n = step.attention;
+  Graph* g = n->owningGraph();
+  torch::jit::WithInsertPoint point(n);
+  Value* none = g->insertConstant(c10::IValue());
+  std::vector<Value*> args = {n->input(0), n->input(1), n->input(2), n->input(3), n->input(6), none, none, none, none};
+  if (step.k && step.v)
+    args = {n->input(0), step.k->source, step.v->source, n->input(3), n->input(6), step.k->expanded, step.k->shape,
+            step.v->expanded, step.v->shape};
+  Value* out = g->insertNode(g->create(kDecodeAttention, args))->output();
+  auto q = n->input(0)->type()->expect<TensorType>();
+  std::vector<int64_t> out_sizes = *q->sizes().concrete_sizes();
+  auto strides = c10::contiguous_strides(out_sizes);
+  out->setType(q->withSizesStrides(out_sizes, std::vector<int64_t>(strides.begin(), strides.end())));
+  n->output()->replaceAllUsesWith(out);
+  n->destroy();
 }
 
 }  // namespace
 
 void DecodeAttention(std::shared_ptr<Graph>& g) {
   if (runtime::own_kernels_enabled()) {
-    torch::jit::AliasDb db(g);
-    take_decode_attention(g->block(), db);
+    std::vector<DecodeStep> found;
+    {
+      torch::jit::AliasDb db(g);
+      find_decode_attention(g->block(), db, found);
+    }
+    for (const auto& step : found) take_decode_attention(step);
   }
   GRAPH_DUMP("After DecodeAttention", g);
 }

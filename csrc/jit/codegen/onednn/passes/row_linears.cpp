@@ -8,10 +8,13 @@
 // residual add after them then runs in PyTorch: a few hundred floats). The rows are the profiled
 // ones; a call with more runs at::linear. Measured on generate() of a SmolLM2-135M-shaped Llama
 // (fp32, static cache, 2 threads, AMD EPYC Zen 3, AVX2): see row_linear.cpp and BENCHMARKS.md.
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 
 #include <ATen/ATen.h>
+
+#include <vector>
 
 #include "jit/codegen/onednn/kernels/row_linear.h"
 #include "jit/codegen/onednn/passes/passes.h"
@@ -34,10 +37,15 @@ int64_t profiled_rows(const Value* x) {
 }
 
 // The aten::rms_norm over the last dim (of `size` values) that produced x, where the linear is all
-// that reads it; else nullptr.
-Node* rms_norm_of_last_dim(Value* x, int64_t size) {
+// that reads it and nothing writes the norm's input between the two (the fused op reads it where
+// the linear was); else nullptr.
+Node* rms_norm_of_last_dim(Value* x, int64_t size, const torch::jit::AliasDb& db) {
   Node* norm = x->node();
   if (norm->kind() != c10::aten::rms_norm || norm->inputs().size() != 4 || x->uses().size() != 1) return nullptr;
+  Node* linear = x->uses()[0].user;
+  if (norm->owningBlock() != linear->owningBlock()) return nullptr;
+  for (Node* m = norm->next(); m != linear; m = m->next())
+    if (db.writesToAlias(m, {norm->input(0)})) return nullptr;
   auto shape = torch::jit::toIValue(norm->input(1));
   if (!shape || !shape->isIntList() || shape->toIntList().size() != 1 || shape->toIntList().get(0) != size) return nullptr;
   auto eps = torch::jit::toIValue(norm->input(3));
@@ -45,10 +53,16 @@ Node* rms_norm_of_last_dim(Value* x, int64_t size) {
   return norm;
 }
 
-void take_row_linears(const std::shared_ptr<Graph>& g, torch::jit::Block* block) {
-  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
-    Node* n = *it++;
-    for (auto* b : n->blocks()) take_row_linears(g, b);
+// A linear the kernel takes, with the RMSNorm it folds in (or nullptr).
+struct RowLinear {
+  Node* linear;
+  Node* norm;
+};
+
+// The linears to rewrite, found before any change (the alias analysis describes the graph as it was).
+void find_row_linears(torch::jit::Block* block, const torch::jit::AliasDb& db, std::vector<RowLinear>& found) {
+  for (Node* n : block->nodes()) {
+    for (auto* b : n->blocks()) find_row_linears(b, db, found);
     if (n->kind() != c10::aten::linear || n->inputs().size() != 3) continue;
     auto w = torch::jit::toIValue(n->input(1));
     auto b = torch::jit::toIValue(n->input(2));
@@ -59,25 +73,39 @@ void take_row_linears(const std::shared_ptr<Graph>& g, torch::jit::Block* block)
         !row_linear_runs(profiled_rows(n->input(0)), weight.size(0), weight.size(1)))
       continue;
     if (b->isTensor() && (b->toTensor().scalar_type() != at::kFloat || b->toTensor().dim() != 1)) continue;
-    torch::jit::WithInsertPoint point(n);
-    Node* norm = rms_norm_of_last_dim(n->input(0), weight.size(1));
-    Value* weight_value = weight.is_contiguous() ? n->input(1) : g->insertConstant(weight.contiguous());
-    Value* bias_value = b->isTensor() && !b->toTensor().is_contiguous() ? g->insertConstant(b->toTensor().contiguous())
-                                                                        : n->input(2);
-    Node* own = norm ? g->create(kRmsNormRowLinear, {norm->input(0), norm->input(2), norm->input(3), weight_value, bias_value})
-                     : g->create(kRowLinear, {n->input(0), weight_value, bias_value});
-    own->insertBefore(n);
-    own->output()->setType(out);
-    n->output()->replaceAllUsesWith(own->output());
-    n->destroy();
-    if (norm) norm->destroy();
+    found.push_back({n, rms_norm_of_last_dim(n->input(0), weight.size(1), db)});
   }
+}
+
+void take_row_linear(const std::shared_ptr<Graph>& g, const RowLinear& r) {
+  Node* n = r.linear;
+  const at::Tensor weight = torch::jit::toIValue(n->input(1))->toTensor();
+  auto b = torch::jit::toIValue(n->input(2));
+  torch::jit::WithInsertPoint point(n);
+  Value* weight_value = weight.is_contiguous() ? n->input(1) : g->insertConstant(weight.contiguous());
+  Value* bias_value = b->isTensor() && !b->toTensor().is_contiguous() ? g->insertConstant(b->toTensor().contiguous())
+                                                                      : n->input(2);
+  Node* norm = r.norm;
+  Node* own = norm ? g->create(kRmsNormRowLinear, {norm->input(0), norm->input(2), norm->input(3), weight_value, bias_value})
+                   : g->create(kRowLinear, {n->input(0), weight_value, bias_value});
+  own->insertBefore(n);
+  own->output()->setType(n->output()->type());
+  n->output()->replaceAllUsesWith(own->output());
+  n->destroy();
+  if (norm) norm->destroy();
 }
 
 }  // namespace
 
 void RowLinears(std::shared_ptr<Graph>& g) {
-  if (runtime::own_kernels_enabled()) take_row_linears(g, g->block());
+  if (runtime::own_kernels_enabled()) {
+    std::vector<RowLinear> found;
+    {
+      torch::jit::AliasDb db(g);
+      find_row_linears(g->block(), db, found);
+    }
+    for (const auto& r : found) take_row_linear(g, r);
+  }
   GRAPH_DUMP("After RowLinears", g);
 }
 
