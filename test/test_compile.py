@@ -465,28 +465,34 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(cache):
 
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
-def test_decoding_steps_stream_their_weights_through_the_row_kernel():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_decoding_steps_stream_their_weights_through_the_row_kernel(dtype):
     # Weights of 64K+ values (hidden 256): a decoding step's linears are llga::row_linear (the
     # output and down projections, the LM head: it reads a slice of the last norm) or, after the
     # RMSNorm that alone feeds them, llga::rms_norm_row_linear (q/k/v, gate/up); the attention over
     # the cache is llga::decode_attention, reading the cache's 2 KV heads for the 4 query heads (no
-    # repeat_kv copies); the tokens stay eager's (static cache, batch 1 and 4).
+    # repeat_kv copies); the tokens stay eager's (static cache; fp32 batch 1 and 4, bf16 batch 4:
+    # its weights and cache read as bf16, its logits within a bf16 rounding of eager's).
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = dict(LLAMA, hidden_size=256, intermediate_size=512)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**config)).eval()
-    compiled = LlamaForCausalLM(LlamaConfig(**config)).eval()
+    model = LlamaForCausalLM(LlamaConfig(**config)).eval().to(dtype)
+    compiled = LlamaForCausalLM(LlamaConfig(**config)).eval().to(dtype)
     compiled.load_state_dict(model.state_dict())
     compiled.forward = torch.compile(compiled.forward, backend="torch_llga")
-    settings = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static")
+    settings = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static",
+                    output_logits=True, return_dict_in_generate=True)
     layers = config["num_hidden_layers"]
-    for batch in (1, 4):
+    for batch in (1, 4) if dtype == torch.float32 else (4,):
         ids = torch.randint(0, config["vocab_size"], (batch, 9))
         with torch.no_grad():
             expected = model.generate(ids, attention_mask=torch.ones_like(ids), **settings)
             tokens = compiled.generate(ids, attention_mask=torch.ones_like(ids), **settings)
-        assert torch.equal(tokens, expected), f"batch {batch}"
+        assert torch.equal(tokens.sequences, expected.sequences), f"batch {batch}"
+        if dtype == torch.bfloat16:  # logits of about 1: bf16's step there is 2^-7
+            for step, (ours, theirs) in enumerate(zip(tokens.logits, expected.logits)):
+                torch.testing.assert_close(ours.float(), theirs.float(), rtol=0, atol=2**-6, msg=f"step {step}")
         step = str(torch.jit.last_executed_optimized_graph())
         assert step.count("llga::rms_norm_row_linear(") == 2 * layers, step
         assert step.count("llga::row_linear(") == 2 * layers + 1, step

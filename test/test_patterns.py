@@ -1,4 +1,5 @@
 """Fusion patterns from real models: the groups oneDNN v3.2 forms and their numerics."""
+import copy
 import os
 import subprocess
 import sys
@@ -744,6 +745,51 @@ def test_linears_of_a_few_rows_are_torch_llgas_row_kernel(rows):
     torch.testing.assert_close(fused(odd), model(odd), equal_nan=True, **FP32)
 
 
+# bf16 against eager's bf16: both round fp32 sums to bf16's 8-bit mantissa (one rounding is up to
+# 0.4%), taken in different orders, and a layer's rounded output passes its difference on.
+BF16_TOLERANCE = dict(rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("rows", [1, 4])
+def test_bf16_linears_of_a_few_rows_are_the_row_kernel_reading_bf16_weights(rows):
+    # A bf16 model's decoding step: the row kernel reads the bf16 weights as they are (half the
+    # bytes), sums in fp32 and rounds once; more rows at run time: an ordinary linear.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(300, 1100), nn.ReLU(), nn.Linear(1100, 600, bias=False)).eval().bfloat16()
+    x = torch.randn(1, rows, 300).bfloat16()
+    fused = check(model, x, groups=[], **BF16_TOLERANCE)
+    assert own_ops(fused.graph, "row_linear") == 2 and fused.unfused == ["relu"]
+    more = torch.randn(1, 9, 300).bfloat16()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(more), model(more), **BF16_TOLERANCE)
+
+
+@pytest.mark.skipif(CPU["bf16"], reason="oneDNN has bf16 kernels on this CPU: its partitions take bf16 linears")
+def test_bf16_linears_without_onednn_bf16_kernels_are_widened(monkeypatch):
+    # No oneDNN bf16 kernels (AVX2): oneDNN forms no bf16 partition, and eager's bf16 matmul is a
+    # plain loop, ~10x slower than fp32's. llga::widened_linear runs fp32 GEMMs on blocks of the
+    # weight widened to fp32 (the 1100 x 300 weight: 3 blocks) and rounds once. Its result is at
+    # least as close to the exact one as eager's; bf16's attention stays PyTorch's SDPA, not
+    # spelled out into eager bf16 matmuls.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(300, 1100), nn.GELU(), nn.Linear(1100, 600)).eval().bfloat16()
+    x = torch.randn(16, 300).bfloat16()
+    fused = check(model, x, groups=[], **BF16_TOLERANCE)
+    assert own_ops(fused.graph, "widened_linear") == 2 and "aten::linear" not in str(fused.graph)
+    assert torch_llga.explain(model, x, verbose=False).own_kernels == ["llga::widened_linear"] * 2
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(x.double())
+        ours, eager = (fused(x).double() - exact).abs().max(), (model(x).double() - exact).abs().max()
+    assert ours <= eager * 1.25, (ours, eager)
+    q, k, v = (torch.randn(1, 4, 16, 64).bfloat16() for _ in range(3))
+    attention = Fused(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (q, k, v))
+    assert attention.unfused == ["scaled_dot_product_attention"] and attention.groups == []
+    monkeypatch.setenv("TORCH_LLGA_OWN_KERNELS", "0")
+    fused = Fused(model, (x,))
+    assert own_ops(fused.graph, "widened_linear") == 0 and str(fused.graph).count("aten::linear") == 2
+
+
 def test_linears_of_many_rows_or_small_weights_are_not_the_row_kernel(monkeypatch):
     # 8 rows (a gemm's blocking pays: oneDNN), a 200 x 300 weight (60K values: a group's post-ops
     # are worth more), own kernels off: oneDNN's groups.
@@ -876,6 +922,21 @@ def test_decoder_step_attention_reads_its_kv_cache_in_place(shape):
     (out, _), (expected, _) = both(odd)
     torch.testing.assert_close(out, expected, equal_nan=True, **FP32)
     assert out.isnan().any()
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's decode attention kernel needs AVX2 and FMA")
+def test_bf16_decoder_step_attention_reads_its_bf16_cache_in_place():
+    # A bf16 model's cache: the kernel widens K and V as it reads them, computes in fp32 and rounds
+    # the output once (PyTorch's bf16 attention computes in fp32 too).
+    inputs = [t.bfloat16() if t.is_floating_point() else t for t in cache_attention_inputs(1, 9, 3, 1, 160, 64, torch.float)]
+    graph, both = run_cache_attention(CacheAttention(), inputs)
+    node = graph.findNode("llga::decode_attention")
+    assert node is not None and [i.node().kind() for i in list(node.inputs())[1:3]] != ["aten::reshape"] * 2
+    (out, caches), (expected, expected_caches) = both(inputs)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)  # one bf16 rounding each (0.4%), sums in fp32
+    for c, e in zip(caches, expected_caches):
+        torch.testing.assert_close(c, e, rtol=0, atol=0)
 
 
 def test_decoder_attention_after_a_write_to_its_copied_cache_reads_the_copy():

@@ -27,6 +27,7 @@ OWN_KERNELS = {
     "llga::row_linear": "linear of 1-4 rows over a large weight (a decoder's step)",
     "llga::rms_norm_row_linear": "RMSNorm and the linear of 1-4 rows that alone reads it",
     "llga::decode_attention": "attention of a decoder's 1-8 queries over its KV cache, grouped heads read in place",
+    "llga::widened_linear": "bf16 linear as fp32 GEMMs on the weight widened block by block (no oneDNN bf16 kernels here)",
 }
 
 

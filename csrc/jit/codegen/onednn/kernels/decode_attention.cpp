@@ -1,5 +1,5 @@
-// llga::decode_attention: a decoder step's attention over its KV cache, fp32, heads of 64 or 128,
-// AVX2 + FMA.
+// llga::decode_attention: a decoder step's attention over its KV cache, fp32 or bf16 (widened as
+// read, computed in fp32, rounded once), heads of 64 or 128, AVX2 + FMA.
 //
 // At one query a head, attention is a pass over the cache: each key's score (a 64-long dot
 // product), the softmax of the row, the values weighted. PyTorch's path for it costs more than the
@@ -86,20 +86,21 @@ at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at:
 
 // One query row: out = softmax(q . K^T * scale + mask) V over `keys` rows of K and V (row stride
 // kv_stride); mask (nullptr: none) holds a float per key. `s` has room for the keys padded to 16.
-// Returns false where the row is not for this kernel (NaN in a score, no finite maximum).
-template <int D>
-[[gnu::target("avx2,fma")]] bool attend_row(const float* q, const float* k, const float* v, int64_t kv_stride,
-                                            int64_t keys, const float* mask, float scale, float* s, float* out) {
+// Returns false where the row is not for this kernel (NaN in a score, no finite maximum, a
+// non-finite output).
+template <int D, typename T>
+[[gnu::target("avx2,fma")]] bool attend_row(const T* q, const T* k, const T* v, int64_t kv_stride, int64_t keys,
+                                            const float* mask, float scale, float* s, T* out) {
   __m256 qv[D / 8];
 #pragma GCC unroll 16
-  for (int d = 0; d < D / 8; ++d) qv[d] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * d), _mm256_set1_ps(scale));
+  for (int d = 0; d < D / 8; ++d) qv[d] = _mm256_mul_ps(load8(q + 8 * d), _mm256_set1_ps(scale));
   for (int64_t j = 0; j < keys; ++j) {
-    const float* kj = k + j * kv_stride;
-    __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kj)), a1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(kj + 8));
+    const T* kj = k + j * kv_stride;
+    __m256 a0 = _mm256_mul_ps(qv[0], load8(kj)), a1 = _mm256_mul_ps(qv[1], load8(kj + 8));
 #pragma GCC unroll 16
     for (int d = 2; d < D / 8; d += 2) {
-      a0 = _mm256_fmadd_ps(qv[d], _mm256_loadu_ps(kj + 8 * d), a0);
-      a1 = _mm256_fmadd_ps(qv[d + 1], _mm256_loadu_ps(kj + 8 * d + 8), a1);
+      a0 = _mm256_fmadd_ps(qv[d], load8(kj + 8 * d), a0);
+      a1 = _mm256_fmadd_ps(qv[d + 1], load8(kj + 8 * d + 8), a1);
     }
     s[j] = horizontal_sum(_mm256_add_ps(a0, a1)) + (mask ? mask[j] : 0.0f);
   }
@@ -112,25 +113,28 @@ template <int D>
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t j = 0; j < keys; ++j) {
     const __m256 p = _mm256_broadcast_ss(s + j);
-    const float* vj = v + j * kv_stride;
+    const T* vj = v + j * kv_stride;
 #pragma GCC unroll 16
-    for (int d = 0; d < D / 8; ++d) acc[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * d), acc[d]);
+    for (int d = 0; d < D / 8; ++d) acc[d] = _mm256_fmadd_ps(p, load8(vj + 8 * d), acc[d]);
   }
   const __m256 inverse = _mm256_set1_ps(1.0f / sum);
+  alignas(32) float row[D];
 #pragma GCC unroll 16
-  for (int d = 0; d < D / 8; ++d) _mm256_storeu_ps(out + 8 * d, _mm256_mul_ps(acc[d], inverse));
+  for (int d = 0; d < D / 8; ++d) _mm256_store_ps(row + 8 * d, _mm256_mul_ps(acc[d], inverse));
+  if (!all_finite(row, D)) return false;
+  for (int d = 0; d < D; ++d) out[d] = static_cast<T>(row[d]);
   return true;
 }
 
 // q [B, H, Lq, D], k and v [B, Hkv, L, D] (rows contiguous), mask [B, H, Lq, L] of floats (keys
 // contiguous; broadcast dims stride 0) or undefined; out [B, H, Lq, D] contiguous.
-template <int D>
+template <int D, typename T>
 bool attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, float scale, at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), kv_heads = k.size(1), keys = k.size(2);
   const int64_t n = heads / kv_heads;
-  const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>(), *vp = v.const_data_ptr<float>();
+  const T *qp = q.const_data_ptr<T>(), *kp = k.const_data_ptr<T>(), *vp = v.const_data_ptr<T>();
   const float* mp = mask.defined() ? mask.const_data_ptr<float>() : nullptr;
-  float* op = out.mutable_data_ptr<float>();
+  T* op = out.mutable_data_ptr<T>();
   std::atomic<bool> ok{true};
   // A KV head's rows a task; split over the threads only where the cache is long enough to pay.
   const int64_t grain = keys * D * n * queries >= 64 * 1024 ? 1 : batch * kv_heads;
@@ -138,13 +142,13 @@ bool attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
     std::vector<float> s((keys + 15) / 16 * 16);
     for (int64_t bg = begin; bg < end && ok.load(std::memory_order_relaxed); ++bg) {
       const int64_t b = bg / kv_heads, g = bg % kv_heads;
-      const float* kh = kp + b * k.stride(0) + g * k.stride(1);
-      const float* vh = vp + b * v.stride(0) + g * v.stride(1);
+      const T* kh = kp + b * k.stride(0) + g * k.stride(1);
+      const T* vh = vp + b * v.stride(0) + g * v.stride(1);
       for (int64_t h = g * n; h < (g + 1) * n; ++h)
         for (int64_t i = 0; i < queries; ++i) {
-          const float* qi = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
+          const T* qi = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
           const float* mi = mp ? mp + b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2) : nullptr;
-          float* oi = op + ((b * heads + h) * queries + i) * D;
+          T* oi = op + ((b * heads + h) * queries + i) * D;
           if (!attend_row<D>(qi, kh, vh, k.stride(2), keys, mi, scale, s.data(), oi)) {
             ok.store(false, std::memory_order_relaxed);
             return;
@@ -161,8 +165,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             const std::optional<at::Tensor>& mask, std::optional<double> scale,
                             const std::optional<c10::IntArrayRef>& k_expanded, const std::optional<c10::IntArrayRef>& k_shape,
                             const std::optional<c10::IntArrayRef>& v_expanded, const std::optional<c10::IntArrayRef>& v_shape) {
-  auto fits = [](const at::Tensor& t) {
-    return t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.requires_grad() && t.stride(3) == 1;
+  const auto dtype = q.scalar_type();
+  auto fits = [dtype](const at::Tensor& t) {
+    return t.dim() == 4 && (dtype == at::kFloat || dtype == at::kBFloat16) && t.scalar_type() == dtype &&
+           t.device().is_cpu() && !t.requires_grad() && t.stride(3) == 1;
   };
   auto eager = [&] { return pytorch_attention(q, as_eager(k, k_expanded, k_shape), as_eager(v, v_expanded, v_shape), mask, scale); };
   const int64_t n = repeats(k, k_expanded, k_shape);
@@ -174,12 +180,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor additive;
   if (ok && mask) {  // broadcast to [B, H, Lq, L] (a view), as floats to add
     ok = mask->dim() <= 4 && mask->device().is_cpu() &&
-         (mask->scalar_type() == at::kFloat || mask->scalar_type() == at::kBool) &&
+         (mask->scalar_type() == dtype || mask->scalar_type() == at::kBool) &&
          at::is_expandable_to(mask->sizes(), {q.size(0), q.size(1), q.size(2), k.size(2)});
     if (ok) {
+      const auto floats = q.options().dtype(at::kFloat);
       additive = mask->scalar_type() == at::kBool
-                     ? at::where(*mask, at::zeros({}, q.options()), at::full({}, -std::numeric_limits<float>::infinity(), q.options()))
-                     : *mask;
+                     ? at::where(*mask, at::zeros({}, floats), at::full({}, -std::numeric_limits<float>::infinity(), floats))
+                     : mask->to(at::kFloat);
       additive = additive.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
       if (additive.stride(3) != 1) additive = additive.contiguous();
     }
@@ -187,9 +194,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (!ok) return eager();
   const float s = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d)));
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), d}, q.options());
-  const bool done = d == 64 ? attend<64>(q, k, v, additive, s, out) : attend<128>(q, k, v, additive, s, out);
-  if (!done || !all_finite(out.const_data_ptr<float>(), out.numel())) return eager();
-  return out;
+  const bool done = dtype == at::kFloat
+                        ? (d == 64 ? attend<64, float>(q, k, v, additive, s, out) : attend<128, float>(q, k, v, additive, s, out))
+                        : (d == 64 ? attend<64, c10::BFloat16>(q, k, v, additive, s, out)
+                                   : attend<128, c10::BFloat16>(q, k, v, additive, s, out));
+  return done ? out : eager();
 }
 
 torch::jit::RegisterOperators registered({torch::jit::Operator(

@@ -1,4 +1,5 @@
-// llga::row_linear: x @ weight^T + bias for 1-4 rows of x over a large fp32 weight, AVX2 + FMA.
+// llga::row_linear: x @ weight^T + bias for 1-4 rows of x over a large fp32 or bf16 weight,
+// AVX2 + FMA.
 //
 // A decoder's step multiplies one row by each weight matrix: 2 flops a weight read from memory, so
 // the time is the weight's stream, and the kernel's one job is to keep the memory busy. Each
@@ -6,15 +7,17 @@
 // streams, one from each S-th of its range, a row of each at a time: S far-apart sequential reads
 // in flight, as a sum over the same bytes has. One stream a thread (a row after the next, as
 // oneDNN's and MKL's one-row kernels read) reaches about two thirds of that rate. x's rows stay
-// in L1; each weight vector read is multiplied into every row of x.
+// in L1 (as floats); each weight vector read is multiplied into every row of x. A bf16 weight is
+// widened as it is read and the sums are fp32, rounded to bf16 once (eager's bf16 linear sums in
+// fp32 too): half the bytes a weight, on CPUs without bf16 instructions as well.
 // Measured on a 2-core AMD EPYC Zen 3 guest (AVX2), 2 threads, 211 MB of [1536, 576] weights, one
 // row, medians of 21 interleaved runs: S = 4 streams 18.2 GB/s (torch.sum over the same bytes 18.3);
 // one stream 11.8, MKL's sgemv (torch.mv) 9.1; a decode MLP of such linears through oneDNN's
 // matmul partitions ~13.3.
 //
 // Anything else (another dtype or device, more rows, a CPU without AVX2/FMA, a weight that is not
-// a contiguous [out, in] matrix) is at::linear: the same result as eager's, up to the order of
-// the sums.
+// a contiguous [out, in] matrix) is at::linear (a bf16 one on a CPU without oneDNN bf16 kernels:
+// llga::widened_linear): the same result as eager's, up to the order of the sums.
 #include "jit/codegen/onednn/kernels/row_linear.h"
 
 #include <ATen/ATen.h>
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/vector_math.h"
+#include "jit/codegen/onednn/kernels/widened_linear.h"
 
 namespace llga {
 
@@ -39,9 +43,9 @@ using namespace vector_math;
 // than it brings).
 constexpr int64_t kMinBytesPerThread = 64 * 1024;
 
-// y[m][s] = x[m] . w[s] for S weight rows and M rows of x (row stride k).
-template <int S, int M>
-[[gnu::target("avx2,fma")]] inline void dot_rows(const float* x, int64_t k, const float* const* w, float y[M][S]) {
+// y[m][s] = x[m] . w[s] for S weight rows and M rows of x (floats, row stride k).
+template <int S, int M, typename T>
+[[gnu::target("avx2,fma")]] inline void dot_rows(const float* x, int64_t k, const T* const* w, float y[M][S]) {
   __m256 acc[S][M];
   for (auto& a : acc)
     for (auto& r : a) r = _mm256_setzero_ps();
@@ -49,17 +53,15 @@ template <int S, int M>
   for (; i + 8 <= k; i += 8) {
 #pragma GCC unroll 4
     for (int s = 0; s < S; ++s) {
-      const __m256 wv = _mm256_loadu_ps(w[s] + i);
+      const __m256 wv = load8(w[s] + i);
 #pragma GCC unroll 4
       for (int m = 0; m < M; ++m) acc[s][m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * k + i), acc[s][m]);
     }
   }
-  if (i < k) {  // the last k % 8 values, masked
-    alignas(32) static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 8 - (k - i)));
+  if (i < k) {  // the last k % 8 values
     for (int s = 0; s < S; ++s) {
-      const __m256 wv = _mm256_maskload_ps(w[s] + i, mask);
-      for (int m = 0; m < M; ++m) acc[s][m] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x + m * k + i, mask), acc[s][m]);
+      const __m256 wv = load_tail(w[s] + i, k - i);
+      for (int m = 0; m < M; ++m) acc[s][m] = _mm256_fmadd_ps(wv, load_tail(x + m * k + i, k - i), acc[s][m]);
     }
   }
   for (int s = 0; s < S; ++s)
@@ -67,12 +69,12 @@ template <int S, int M>
 }
 
 // out[m][j] = x[m] . weight[j] + bias[j] for j in [begin, end), as S streams over the range.
-template <int S, int M>
-[[gnu::target("avx2,fma")]] void rows_range(const float* x, const float* weight, const float* bias, int64_t n, int64_t k,
-                                            int64_t begin, int64_t end, float* out) {
+template <int S, int M, typename T>
+[[gnu::target("avx2,fma")]] void rows_range(const float* x, const T* weight, const T* bias, int64_t n, int64_t k,
+                                            int64_t begin, int64_t end, T* out) {
   const int64_t part = (end - begin + S - 1) / S;  // rows of each stream; the last one's may be fewer
   for (int64_t i = 0; i < part; ++i) {
-    const float* w[S];
+    const T* w[S];
     int64_t row[S];
     for (int s = 0; s < S; ++s) {
       row[s] = begin + s * part + i;
@@ -82,42 +84,46 @@ template <int S, int M>
     dot_rows<S, M>(x, k, w, y);
     for (int s = 0; s < S; ++s) {
       if (row[s] >= end) continue;
-      for (int m = 0; m < M; ++m) out[m * n + row[s]] = y[m][s] + (bias ? bias[row[s]] : 0.0f);
+      const float b = bias ? static_cast<float>(bias[row[s]]) : 0.0f;
+      for (int m = 0; m < M; ++m) out[m * n + row[s]] = static_cast<T>(y[m][s] + b);
     }
   }
 }
 
-template <int M>
-void run_rows(const float* x, const float* weight, const float* bias, int64_t n, int64_t k, float* out) {
+template <int M, typename T>
+void run_rows(const float* x, const T* weight, const T* bias, int64_t n, int64_t k, T* out) {
   // Four streams; three for 3-4 rows (S x M accumulators and a weight and an x register: 16).
   constexpr int S = M <= 2 ? 4 : 3;
-  const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / (k * static_cast<int64_t>(sizeof(float))));
+  const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / (k * static_cast<int64_t>(sizeof(T))));
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { rows_range<S, M>(x, weight, bias, n, k, begin, end, out); });
 }
 
-// Whether the kernel takes x @ weight^T + bias: fp32 on the CPU, a contiguous [out, in] weight.
+// Whether the kernel takes x @ weight^T + bias: fp32 or bf16 (all three alike) on the CPU, a
+// contiguous [out, in] weight.
 bool fits(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  const bool fit = cpu_has_avx2_fma() && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() >= 1 &&
-                   !x.requires_grad() && weight.scalar_type() == at::kFloat && weight.device().is_cpu() &&
+  const auto dtype = x.scalar_type();
+  const bool fit = cpu_has_avx2_fma() && (dtype == at::kFloat || dtype == at::kBFloat16) && x.device().is_cpu() &&
+                   x.dim() >= 1 && !x.requires_grad() && weight.scalar_type() == dtype && weight.device().is_cpu() &&
                    weight.dim() == 2 && weight.is_contiguous() && !weight.requires_grad() &&
                    x.size(-1) == weight.size(1) && weight.size(1) > 0 &&
-                   (!bias || (bias->scalar_type() == at::kFloat && bias->device().is_cpu() && bias->dim() == 1 &&
+                   (!bias || (bias->scalar_type() == dtype && bias->device().is_cpu() && bias->dim() == 1 &&
                               bias->size(0) == weight.size(0) && bias->is_contiguous() && !bias->requires_grad()));
   if (!fit) return false;
   const int64_t rows = x.numel() / x.size(-1);
   return rows >= 1 && rows <= kRowLinearMaxRows;
 }
 
-// x's rows (contiguous, [rows, k]) @ weight^T + bias, in x's sizes but the last (n).
+// x's rows as floats ([rows, k], contiguous) @ weight^T + bias, in x's sizes but the last (n) and dtype.
+template <typename T>
 at::Tensor linear_rows(const at::Tensor& x, const float* rows_data, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias) {
   const int64_t n = weight.size(0), k = weight.size(1), rows = x.numel() / k;
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = n;
   at::Tensor out = at::empty(sizes, x.options());
-  const float* wp = weight.const_data_ptr<float>();
-  const float* bp = bias ? bias->const_data_ptr<float>() : nullptr;
-  float* op = out.mutable_data_ptr<float>();
+  const T* wp = weight.const_data_ptr<T>();
+  const T* bp = bias ? bias->const_data_ptr<T>() : nullptr;
+  T* op = out.mutable_data_ptr<T>();
   switch (rows) {
     case 1: run_rows<1>(rows_data, wp, bp, n, k, op); break;
     case 2: run_rows<2>(rows_data, wp, bp, n, k, op); break;
@@ -127,10 +133,19 @@ at::Tensor linear_rows(const at::Tensor& x, const float* rows_data, const at::Te
   return out;
 }
 
+// x's rows as contiguous floats, then the kernel in x's dtype.
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (x.scalar_type() == at::kFloat) {
+    const at::Tensor xr = x.contiguous();
+    return linear_rows<float>(x, xr.const_data_ptr<float>(), weight, bias);
+  }
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  return linear_rows<c10::BFloat16>(x, xf.const_data_ptr<float>(), weight, bias);
+}
+
 at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  if (!fits(x, weight, bias)) return at::linear(x, weight, bias);
-  const at::Tensor xr = x.contiguous();
-  return linear_rows(x, xr.const_data_ptr<float>(), weight, bias);
+  // Else at::linear (widened_linear: for bf16 on a CPU without oneDNN bf16 kernels, widened).
+  return fits(x, weight, bias) ? linear_rows(x, weight, bias) : widened_linear(x, weight, bias);
 }
 
 // out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * norm_weight, in eager's order of operations.
@@ -148,20 +163,20 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const std::
 }
 
 // rms_norm(x, [in], norm_weight, eps) @ weight^T + bias: the normalization of a few rows is the
-// linear's prologue (its own oneDNN partition cost more than the linear's math on them).
+// linear's prologue (its own oneDNN partition cost more than the linear's math on them); fp32 (a
+// bf16 norm is at::rms_norm's, then the kernel).
 at::Tensor rms_norm_row_linear(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight, std::optional<double> eps,
                                const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  const bool norm_fits = !norm_weight || (norm_weight->scalar_type() == at::kFloat && norm_weight->device().is_cpu() &&
+  const bool norm_fits = x.scalar_type() == at::kFloat && (!norm_weight || (norm_weight->scalar_type() == at::kFloat && norm_weight->device().is_cpu() &&
                                           norm_weight->dim() == 1 && norm_weight->size(0) == weight.size(1) &&
-                                          norm_weight->is_contiguous() && !norm_weight->requires_grad());
-  if (!fits(x, weight, bias) || !norm_fits)
-    return at::linear(at::rms_norm(x, {x.size(-1)}, norm_weight, eps), weight, bias);
+                                          norm_weight->is_contiguous() && !norm_weight->requires_grad()));
+  if (!fits(x, weight, bias) || !norm_fits) return row_linear(at::rms_norm(x, {x.size(-1)}, norm_weight, eps), weight, bias);
   const at::Tensor xr = x.contiguous();
   const int64_t k = weight.size(1), rows = x.numel() / k;
   std::vector<float> normalized(rows * k);
   rms_normalize(xr.const_data_ptr<float>(), rows, k, norm_weight ? norm_weight->const_data_ptr<float>() : nullptr,
                 static_cast<float>(eps ? *eps : std::numeric_limits<float>::epsilon()), normalized.data());
-  return linear_rows(x, normalized.data(), weight, bias);
+  return linear_rows<float>(x, normalized.data(), weight, bias);
 }
 
 torch::jit::RegisterOperators registered({

@@ -1,7 +1,8 @@
 #pragma once
-// AVX2 + FMA helpers of torch_llga's attention kernels (small_head_attention.cpp,
-// head64_attention.cpp): a vectorized exponential, horizontal sums and maxima, a finiteness scan,
-// a row's softmax numerators in place, and a register tile's multiply-adds.
+// AVX2 + FMA helpers of torch_llga's own kernels (kernels/*.cpp): fp32 and bf16 loads as floats, a
+// vectorized exponential, horizontal sums and maxima, a finiteness scan, a row's softmax numerators
+// in place, and a register tile's multiply-adds.
+#include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -13,6 +14,21 @@ namespace llga::vector_math {
 inline bool cpu_has_avx2_fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
+}
+
+// 8 values as floats: fp32 as they are, bf16 widened (a bf16 is the top half of its float), so a
+// bf16 weight or cache streams half the bytes and is computed in fp32 as eager computes it.
+[[gnu::target("avx2,fma")]] inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+[[gnu::target("avx2,fma")]] inline __m256 load8(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+// The first `count` (< 8) values, the rest 0.
+template <typename T>
+[[gnu::target("avx2,fma")]] inline __m256 load_tail(const T* p, int64_t count) {
+  alignas(32) float t[8] = {};
+  for (int64_t i = 0; i < count; ++i) t[i] = static_cast<float>(p[i]);
+  return _mm256_load_ps(t);
 }
 
 // exp(x) for x <= 0 (scores minus their row's maximum): 2^n * e^r with n = round(x / ln 2) and

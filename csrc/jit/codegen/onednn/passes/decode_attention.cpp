@@ -1,5 +1,5 @@
-// DecodeAttention: scaled_dot_product_attention of a decoder's step (1-8 queries, fp32, heads of 64
-// or 128) -> llga::decode_attention (kernels/decode_attention.h), which reads the KV cache in place.
+// DecodeAttention: scaled_dot_product_attention of a decoder's step (1-8 queries, fp32 or bf16,
+// heads of 64 or 128) -> llga::decode_attention (kernels/decode_attention.h), which reads the KV cache in place.
 // Grouped-query heads: where k and v are a cache's heads repeated (transformers' repeat_kv, traced as
 //   reshape(expand(unsqueeze(cache[:, :, ...], 2)[:, :, ...], [B, Hkv, n, L, D]), [B, Hkv * n, L, D])
 // ) the kernel takes the cache itself and the two size lists, checks at run time that they repeat
@@ -96,7 +96,8 @@ void find_decode_attention(torch::jit::Block* block, const torch::jit::AliasDb& 
     auto causal = torch::jit::constant_as<bool>(n->input(5));
     auto gqa = torch::jit::constant_as<bool>(n->input(7));
     auto scale = torch::jit::toIValue(n->input(6));
-    if (!q || !qs || !ks || !vs || qs->size() != 4 || *ks != *vs || ks->size() != 4 || q->scalarType() != at::kFloat ||
+    if (!q || !qs || !ks || !vs || qs->size() != 4 || *ks != *vs || ks->size() != 4 ||
+        (q->scalarType() != at::kFloat && q->scalarType() != at::kBFloat16) ||
         (*qs)[0] != (*ks)[0] || (*qs)[1] != (*ks)[1] || (*qs)[3] != (*ks)[3] || !decode_attention_runs((*qs)[3], (*qs)[2]) ||
         !dropout || *dropout != 0 || !causal || *causal || !gqa || *gqa || !scale || !(scale->isNone() || scale->isDouble()))
       continue;

@@ -19,6 +19,7 @@
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/passes/type_inference.h"
 #include "jit/codegen/onednn/settings/settings.h"
+#include "onednn/torch_onednn.h"
 
 namespace llga {
 
@@ -233,6 +234,7 @@ torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
 // at 512 keys and below (in-process A/B, 2 threads, AMD EPYC Zen 3, AVX2); Whisper's encoder ran
 // 0.92x the time with it (12 interleaved rounds).
 constexpr int64_t kFlashAttentionMinKeys = 1024;
+const char* kNoBf16KernelsReason = "oneDNN has no bf16 kernels on this CPU: PyTorch's attention kernel";
 const char* kFlashAttentionReason =
     "PyTorch's flash attention kernel is faster than oneDNN's SDPA over 1,024 keys or more (fp32, unmasked)";
 
@@ -282,6 +284,10 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
         q->scalarType() != v->scalarType() || !dropout || *dropout != 0 || !causal || *causal || !gqa || *gqa ||
         !scale_arg || !(scale_arg->isNone() || scale_arg->isDouble()))
       continue;
+    if (q->scalarType() == at::kBFloat16 && !onednn::cpu().bf16) {  // spelled out, its ops would be eager's bf16 ones
+      n->s_(kUnfusedReason, kNoBf16KernelsReason);
+      continue;
+    }
     auto qs = *q->sizes().concrete_sizes(), ks = *k->sizes().concrete_sizes(), vs = *v->sizes().concrete_sizes();
     auto dense = [](const torch::jit::TensorType& t) {  // a meta tensor: sizes and strides only
       return at::empty_strided(*t.sizes().concrete_sizes(), *t.strides().concrete_sizes(), at::TensorOptions().device(at::kMeta))

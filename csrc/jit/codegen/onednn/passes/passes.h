@@ -79,7 +79,8 @@ void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors
 void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use
 void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops
 void PlanSmallGraph(std::shared_ptr<Graph>& g);    // a graph of tiny tensors -> one llga::SmallPlan
-void RowLinears(std::shared_ptr<Graph>& g);        // linears of 1-4 rows over large fp32 weights -> llga::row_linear
+void RowLinears(std::shared_ptr<Graph>& g);        // linears of 1-4 rows over large fp32/bf16 weights -> llga::row_linear
+void WidenBf16Linears(std::shared_ptr<Graph>& g);  // other bf16 linears, no oneDNN bf16 kernels -> llga::widened_linear
 void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque
 void InsertGuards(std::shared_ptr<Graph>& g);      // profiled-type checks with unfused fallback

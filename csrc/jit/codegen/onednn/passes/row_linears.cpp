@@ -1,5 +1,5 @@
 // RowLinears: a linear of one to four rows (a decoder's step: a token a sequence) over a large
-// constant fp32 weight -> llga::row_linear (kernels/row_linear.h), which streams the weight at the
+// constant fp32 or bf16 weight -> llga::row_linear (kernels/row_linear.h), which streams the weight at the
 // memory's rate, where oneDNN's one-row matmul reaches about two thirds of it; with the RMSNorm
 // before it, where the linear alone reads the norm, llga::rms_norm_row_linear (a oneDNN RMSNorm
 // partition of one row cost ~25 us, its math well under one). It runs after MergeParallelLinears
@@ -26,10 +26,11 @@ namespace {
 
 using torch::jit::TensorType;
 
-// The linear's profiled rows (the product of x's sizes but the last), or 0 when unknown.
-int64_t profiled_rows(const Value* x) {
+// The linear's profiled rows (the product of x's sizes but the last), or 0 when unknown or x is
+// not of the weight's dtype.
+int64_t profiled_rows(const Value* x, at::ScalarType dtype) {
   auto t = x->type()->cast<TensorType>();
-  if (!t || !t->isComplete() || t->scalarType() != at::kFloat || !t->dim() || *t->dim() == 0) return 0;
+  if (!t || !t->isComplete() || t->scalarType() != dtype || !t->dim() || *t->dim() == 0) return 0;
   int64_t rows = 1;
   auto sizes = *t->sizes().concrete_sizes();
   for (size_t i = 0; i + 1 < sizes.size(); ++i) rows *= sizes[i];
@@ -69,10 +70,11 @@ void find_row_linears(torch::jit::Block* block, const torch::jit::AliasDb& db, s
     auto out = n->output()->type()->cast<TensorType>();
     if (!w || !w->isTensor() || !b || !(b->isNone() || b->isTensor()) || !out || !out->isComplete()) continue;
     const at::Tensor& weight = w->toTensor();
-    if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !weight.device().is_cpu() ||
-        !row_linear_runs(profiled_rows(n->input(0)), weight.size(0), weight.size(1)))
+    const auto dtype = weight.scalar_type();
+    if (weight.dim() != 2 || (dtype != at::kFloat && dtype != at::kBFloat16) || !weight.device().is_cpu() ||
+        !row_linear_runs(profiled_rows(n->input(0), dtype), weight.size(0), weight.size(1)))
       continue;
-    if (b->isTensor() && (b->toTensor().scalar_type() != at::kFloat || b->toTensor().dim() != 1)) continue;
+    if (b->isTensor() && (b->toTensor().scalar_type() != dtype || b->toTensor().dim() != 1)) continue;
     found.push_back({n, rms_norm_of_last_dim(n->input(0), weight.size(1), db)});
   }
 }
