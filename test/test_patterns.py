@@ -831,6 +831,26 @@ def test_rms_norm_read_only_by_a_row_linear_is_its_prologue():
         torch.testing.assert_close(fused(more), model(more), **FP32)
 
 
+@pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
+def test_bf16_rms_norm_read_only_by_a_row_linear_is_its_prologue():
+    # Llama's RMSNorm in a bf16 model (normalized in fp32, rounded, times the bf16 weight): the
+    # prologue rounds where it does, so the linear reads eager's normalized row.
+    class LlamaNormThenLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.proj = nn.Parameter(torch.rand(576) + 0.5), nn.Linear(576, 960, bias=False)
+
+        def forward(self, x):
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return self.proj(self.weight * h.to(x.dtype))
+
+    torch.manual_seed(0)
+    model, x = LlamaNormThenLinear().eval().bfloat16(), torch.randn(1, 2, 576).bfloat16()
+    fused = check(model, x, groups=[], **BF16_TOLERANCE)
+    assert own_ops(fused.graph, "rms_norm_row_linear") == 1 and fused.unfused == []
+
+
 def test_rms_norm_whose_input_is_written_before_its_linear_reads_it_is_not_folded():
     # The fused op reads the norm's input where the linear is: a write to it in between (here h.add_)
     # keeps the norm apart (its linear still the row kernel).

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/vector_math.h"
@@ -133,14 +134,13 @@ at::Tensor linear_rows(const at::Tensor& x, const float* rows_data, const at::Te
   return out;
 }
 
-// x's rows as contiguous floats, then the kernel in x's dtype.
+// x's rows as contiguous floats (bf16 ones widened: 1-4 rows), then the kernel in x's dtype.
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  if (x.scalar_type() == at::kFloat) {
-    const at::Tensor xr = x.contiguous();
-    return linear_rows<float>(x, xr.const_data_ptr<float>(), weight, bias);
-  }
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  return linear_rows<c10::BFloat16>(x, xf.const_data_ptr<float>(), weight, bias);
+  const at::Tensor xr = x.contiguous();
+  if (x.scalar_type() == at::kFloat) return linear_rows<float>(x, xr.const_data_ptr<float>(), weight, bias);
+  const c10::BFloat16* p = xr.const_data_ptr<c10::BFloat16>();
+  const std::vector<float> rows(p, p + xr.numel());
+  return linear_rows<c10::BFloat16>(x, rows.data(), weight, bias);
 }
 
 at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -148,35 +148,56 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const std::
   return fits(x, weight, bias) ? linear_rows(x, weight, bias) : widened_linear(x, weight, bias);
 }
 
-// out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * norm_weight, in eager's order of operations.
-[[gnu::target("avx2,fma")]] void rms_normalize(const float* x, int64_t rows, int64_t k, const float* norm_weight, float eps,
+// out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * norm_weight as floats, in at::rms_norm's order
+// of operations: fp32 sums; in bf16 the normalized row rounded to bf16, then multiplied by the
+// weight and rounded again (Llama's RMSNorm, which ComposeRmsNorm makes an aten::rms_norm, does the same).
+template <typename T>
+[[gnu::target("avx2,fma")]] void rms_normalize(const T* x, int64_t rows, int64_t k, const T* norm_weight, float eps,
                                               float* out) {
   for (int64_t r = 0; r < rows; ++r, x += k, out += k) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= k; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), acc);
+    for (; i + 8 <= k; i += 8) {
+      const __m256 v = load8(x + i);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
     float squares = horizontal_sum(acc);
-    for (; i < k; ++i) squares += x[i] * x[i];
+    for (; i < k; ++i) squares += static_cast<float>(x[i]) * static_cast<float>(x[i]);
     const float inverse = 1.0f / std::sqrt(squares / static_cast<float>(k) + eps);
-    for (i = 0; i < k; ++i) out[i] = norm_weight ? x[i] * inverse * norm_weight[i] : x[i] * inverse;
+    for (i = 0; i < k; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        out[i] = norm_weight ? x[i] * inverse * norm_weight[i] : x[i] * inverse;
+      } else {
+        const float normalized = static_cast<float>(T(static_cast<float>(x[i]) * inverse));
+        out[i] = norm_weight ? static_cast<float>(T(normalized * static_cast<float>(norm_weight[i]))) : normalized;
+      }
+    }
   }
 }
 
-// rms_norm(x, [in], norm_weight, eps) @ weight^T + bias: the normalization of a few rows is the
-// linear's prologue (its own oneDNN partition cost more than the linear's math on them); fp32 (a
-// bf16 norm is at::rms_norm's, then the kernel).
-at::Tensor rms_norm_row_linear(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight, std::optional<double> eps,
-                               const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  const bool norm_fits = x.scalar_type() == at::kFloat && (!norm_weight || (norm_weight->scalar_type() == at::kFloat && norm_weight->device().is_cpu() &&
-                                          norm_weight->dim() == 1 && norm_weight->size(0) == weight.size(1) &&
-                                          norm_weight->is_contiguous() && !norm_weight->requires_grad()));
-  if (!fits(x, weight, bias) || !norm_fits) return row_linear(at::rms_norm(x, {x.size(-1)}, norm_weight, eps), weight, bias);
+template <typename T>
+at::Tensor normalized_linear_rows(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight, float eps,
+                                  const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   const at::Tensor xr = x.contiguous();
   const int64_t k = weight.size(1), rows = x.numel() / k;
   std::vector<float> normalized(rows * k);
-  rms_normalize(xr.const_data_ptr<float>(), rows, k, norm_weight ? norm_weight->const_data_ptr<float>() : nullptr,
-                static_cast<float>(eps ? *eps : std::numeric_limits<float>::epsilon()), normalized.data());
-  return linear_rows<float>(x, normalized.data(), weight, bias);
+  rms_normalize<T>(xr.const_data_ptr<T>(), rows, k, norm_weight ? norm_weight->const_data_ptr<T>() : nullptr, eps,
+                   normalized.data());
+  return linear_rows<T>(x, normalized.data(), weight, bias);
+}
+
+// rms_norm(x, [in], norm_weight, eps) @ weight^T + bias: the normalization of a few rows is the
+// linear's prologue (its own oneDNN partition, or PyTorch's bf16 one, cost more than the linear's
+// math on them).
+at::Tensor rms_norm_row_linear(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight, std::optional<double> eps,
+                               const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  const bool norm_fits = !norm_weight || (norm_weight->scalar_type() == x.scalar_type() && norm_weight->device().is_cpu() &&
+                                          norm_weight->dim() == 1 && norm_weight->size(0) == weight.size(1) &&
+                                          norm_weight->is_contiguous() && !norm_weight->requires_grad());
+  if (!fits(x, weight, bias) || !norm_fits) return row_linear(at::rms_norm(x, {x.size(-1)}, norm_weight, eps), weight, bias);
+  const float e = static_cast<float>(eps ? *eps : std::numeric_limits<float>::epsilon());
+  return x.scalar_type() == at::kFloat ? normalized_linear_rows<float>(x, norm_weight, e, weight, bias)
+                                       : normalized_linear_rows<c10::BFloat16>(x, norm_weight, e, weight, bias);
 }
 
 torch::jit::RegisterOperators registered({
