@@ -760,6 +760,10 @@ def test_bf16_linears_of_a_few_rows_are_the_row_kernel_reading_bf16_weights(rows
     x = torch.randn(1, rows, 300).bfloat16()
     fused = check(model, x, groups=[], **BF16_TOLERANCE)
     assert own_ops(fused.graph, "row_linear") == 2 and fused.unfused == ["relu"]
+    with torch.no_grad():  # each layer's sums in fp32 from the bf16 weights, rounded once: within one bf16 step
+        h = F.linear(x.float(), model[0].weight.float(), model[0].bias.float()).bfloat16().relu()
+        exact = F.linear(h.float(), model[2].weight.float()).bfloat16()
+        torch.testing.assert_close(fused(x), exact, rtol=2**-7, atol=1e-3)
     more = torch.randn(1, 9, 300).bfloat16()
     with torch.no_grad():
         torch.testing.assert_close(fused(more), model(more), **BF16_TOLERANCE)

@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/vector_math.h"
@@ -164,13 +163,9 @@ template <typename T>
     float squares = horizontal_sum(acc);
     for (; i < k; ++i) squares += static_cast<float>(x[i]) * static_cast<float>(x[i]);
     const float inverse = 1.0f / std::sqrt(squares / static_cast<float>(k) + eps);
-    for (i = 0; i < k; ++i) {
-      if constexpr (std::is_same_v<T, float>) {
-        out[i] = norm_weight ? x[i] * inverse * norm_weight[i] : x[i] * inverse;
-      } else {
-        const float normalized = static_cast<float>(T(static_cast<float>(x[i]) * inverse));
-        out[i] = norm_weight ? static_cast<float>(T(normalized * static_cast<float>(norm_weight[i]))) : normalized;
-      }
+    for (i = 0; i < k; ++i) {  // T(...): the rounding to bf16 (none for fp32)
+      const float normalized = static_cast<float>(T(static_cast<float>(x[i]) * inverse));
+      out[i] = norm_weight ? static_cast<float>(T(normalized * static_cast<float>(norm_weight[i]))) : normalized;
     }
   }
 }

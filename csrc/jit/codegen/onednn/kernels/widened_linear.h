@@ -2,7 +2,7 @@
 // llga::widened_linear(x, weight, bias): a bf16 linear on a CPU where oneDNN has no bf16 kernels
 // (AVX2 without AVX-VNNI-2, say), computed as fp32 on the weight widened a block at a time and
 // rounded to bf16 once, as eager's bf16 linear rounds its fp32 sums; eager's own bf16 matmul there
-// is a plain loop ~10x slower (widened_linear.cpp). The WidenedLinears pass gives it such linears
+// is a plain loop ~10x slower (widened_linear.cpp). The WidenBf16Linears pass gives it such linears
 // over constant weights; anything else it is handed is at::linear.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/symbol.h>

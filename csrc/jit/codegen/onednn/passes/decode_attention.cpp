@@ -116,13 +116,12 @@ void take_decode_attention(const DecodeStep& step) {
   if (step.k && step.v)
     args = {n->input(0), step.k->source, step.v->source, n->input(3), n->input(6), step.k->expanded, step.k->shape,
             step.v->expanded, step.v->shape};
-  Value* out = g->insertNode(g->create(kDecodeAttention, args))->output();
   auto q = n->input(0)->type()->expect<TensorType>();
   std::vector<int64_t> out_sizes = *q->sizes().concrete_sizes();
   auto strides = c10::contiguous_strides(out_sizes);
-  out->setType(q->withSizesStrides(out_sizes, std::vector<int64_t>(strides.begin(), strides.end())));
-  n->output()->replaceAllUsesWith(out);
-  n->destroy();
+  replace_with(n, kDecodeAttention, args)
+      ->output()
+      ->setType(q->withSizesStrides(out_sizes, std::vector<int64_t>(strides.begin(), strides.end())));
 }
 
 }  // namespace

@@ -64,6 +64,17 @@ inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFini
 // NCHW is made NCHW again: PyTorch's ops pass the layout on, and a later view() expects eager's.
 at::Tensor in_profiled_layout(const at::Tensor& t, const c10::TensorType& profiled);
 
+// n replaced by a node of `kind` reading `inputs`, where n was, its one output typed as n's and
+// read wherever n's was (the passes that hand an op to torch_llga's own kernels); returns it.
+inline Node* replace_with(Node* n, c10::Symbol kind, at::ArrayRef<Value*> inputs) {
+  Node* own = n->owningGraph()->create(kind, inputs);
+  own->insertBefore(n);
+  own->output()->setType(n->output()->type());
+  n->output()->replaceAllUsesWith(own->output());
+  n->destroy();
+  return own;
+}
+
 // The constant a SubgraphRewriter pattern's input `name` matched (vmap names the pattern's values;
 // the match maps them); nullopt if it matched no constant or the pattern has no such input.
 std::optional<c10::IValue> matched_constant(const torch::jit::Match& match,

@@ -88,13 +88,12 @@ void take_row_linear(const std::shared_ptr<Graph>& g, const RowLinear& r) {
   Value* bias_value = b->isTensor() && !b->toTensor().is_contiguous() ? g->insertConstant(b->toTensor().contiguous())
                                                                       : n->input(2);
   Node* norm = r.norm;
-  Node* own = norm ? g->create(kRmsNormRowLinear, {norm->input(0), norm->input(2), norm->input(3), weight_value, bias_value})
-                   : g->create(kRowLinear, {n->input(0), weight_value, bias_value});
-  own->insertBefore(n);
-  own->output()->setType(n->output()->type());
-  n->output()->replaceAllUsesWith(own->output());
-  n->destroy();
-  if (norm) norm->destroy();
+  if (norm) {
+    replace_with(n, kRmsNormRowLinear, {norm->input(0), norm->input(2), norm->input(3), weight_value, bias_value});
+    norm->destroy();
+  } else {
+    replace_with(n, kRowLinear, {n->input(0), weight_value, bias_value});
+  }
 }
 
 }  // namespace

@@ -43,14 +43,7 @@ void WidenBf16Linears(std::shared_ptr<Graph>& g) {
   if (runtime::own_kernels_enabled() && widened_linear_runs()) {
     std::vector<Node*> found;
     find_bf16_linears(g->block(), found);
-    for (Node* n : found) {
-      torch::jit::WithInsertPoint point(n);
-      Node* own = g->create(kWidenedLinear, {n->input(0), n->input(1), n->input(2)});
-      own->insertBefore(n);
-      own->output()->setType(n->output()->type());
-      n->output()->replaceAllUsesWith(own->output());
-      n->destroy();
-    }
+    for (Node* n : found) replace_with(n, kWidenedLinear, {n->input(0), n->input(1), n->input(2)});
   }
   GRAPH_DUMP("After WidenBf16Linears", g);
 }
