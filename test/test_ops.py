@@ -151,6 +151,38 @@ def test_gelu_tanh_is_one_op():
     check(lambda a: F.gelu(linear(a), approximate="tanh"), x, groups=[["linear", "gelu"]])
 
 
+def avx512_kernels():
+    return torch_llga.config()["cpu_isa"].startswith(("avx512", "avx10"))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_of_a_matmul_stays_in_pytorch_on_avx2(approximate):
+    # oneDNN's GELU post-op of an fp32 matmul is 2-3x slower than PyTorch's GELU of its output in
+    # the AVX2 kernels (quirk gelu_post_op_slow): from 64K outputs on, the GELU stays in PyTorch,
+    # in place on the group's output (InPlaceGelus); a smaller one stays a post-op, as every one
+    # does with AVX-512 kernels.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(approximate=approximate))
+    large = check(model, torch.randn(2, 64, 64), groups=SOME)  # 64K outputs
+    small = check(model, torch.randn(2, 8, 64), groups=[["linear", "gelu"]])
+    if avx512_kernels():
+        assert large.groups == [["linear", "gelu"]]
+        return
+    assert large.groups == [["linear"]] and large.unfused == ["gelu_"], large.graph
+    [(_, why)] = torch_llga.explain(model, torch.randn(2, 64, 64), verbose=False).unfused
+    assert "gelu_post_op_slow" in why
+    # The group's output read by something else too: the GELU leaves it as it is.
+    class Both(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(64, 512)
+
+        def forward(self, a):
+            y = self.linear(a)
+            return F.gelu(y, approximate=approximate), y * 2
+    both = check(Both(), torch.randn(2, 64, 64), groups=SOME)
+    assert "gelu" in both.unfused and "gelu_" not in both.unfused, both.graph
+
+
 @pytest.mark.parametrize("model,inp", [
     (torch.nn.Conv2d(4, 8, 3, padding=1), torch.randn(1, 4, 10, 10)),
     (torch.nn.Conv2d(4, 8, 3, stride=2, bias=False), torch.randn(2, 4, 11, 11)),

@@ -131,10 +131,11 @@ def test_linear_gelu():
 
 
 def test_linear_gelu_tanh():
-    # tanh-GELU is one oneDNN op (3.12's "gelu_tanh" mode): a post-op of the linear at any size.
+    # tanh-GELU is one oneDNN op (3.12's "gelu_tanh" mode): a post-op of the linear (at 64K outputs
+    # and more only with AVX-512 kernels: quirk gelu_post_op_slow, test_ops.py).
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(approximate="tanh"))
     check(model, torch.randn(4, 32), groups=[["linear", "gelu"]])
-    check(model, torch.randn(4096, 32), groups=[["linear", "gelu"]])
+    check(model, torch.randn(512, 32), groups=[["linear", "gelu"]])
 
 
 def attention_scores(q, k, mask):

@@ -84,6 +84,15 @@ def bert_base(batch, seq=128):
     return model, (ids, torch.ones(batch, seq, dtype=torch.long))
 
 
+def distilbert(batch, seq=128):
+    from transformers import DistilBertConfig, DistilBertModel
+
+    config = DistilBertConfig(return_dict=False, torchscript=True)
+    model = BertWrapper(DistilBertModel(config))
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    return model, (ids, torch.ones(batch, seq, dtype=torch.long))
+
+
 def torchvision_model(name, size):
     def make(batch):
         import torchvision
@@ -186,6 +195,7 @@ MODELS = {
     "mobilenet_v3_large": torchvision_model("mobilenet_v3_large", 224),
     "vit_b_16": torchvision_model("vit_b_16", 224),
     "bert_base": bert_base,
+    "distilbert": distilbert,
     "deep_and_wide": lambda b: (DeepAndWide(), (torch.randn(b, 1, 32), torch.randn(b, 1, 32), torch.randn(b, 50))),
     "deep_and_wide_64": lambda b: (DeepAndWide(), (torch.randn(64, 1, 32), torch.randn(64, 1, 32), torch.randn(64, 50))),
     "lld6": lambda b: (LLD6(), (torch.randn(32 * b, 128),)),
@@ -210,6 +220,6 @@ MODELS["conv3x3_512"] = lambda b: (nn.Conv2d(512, 512, 3, padding=1), (torch.ran
 
 # The package a model's definition comes from, beyond torch.
 PACKAGE = {**dict.fromkeys(["resnet50", "resnet18_64", "mobilenet_v2", "mobilenet_v3_large", "vit_b_16"], "torchvision"),
-           "bert_base": "transformers",
+           "bert_base": "transformers", "distilbert": "transformers",
            **dict.fromkeys(["deeplabv3_mobilenet_v3", "fcn_resnet50", "fasterrcnn_mobilenet_fpn", "retinanet_resnet50_fpn"], "torchvision"),
            "unet_small": "diffusers", "whisper_encoder": "transformers", "t5_encoder": "transformers"}

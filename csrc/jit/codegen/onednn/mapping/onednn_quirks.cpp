@@ -121,6 +121,10 @@ constexpr Quirk kQuirks[] = {
      "Group norm runs a reference kernel on a plain input and jit_group on a channels-last one, both slower than PyTorch's (1x128x32x32, 32 groups: 1.4 and 0.2 ms against 0.07).",
      "3.12.0", "", "test/test_ops.py::test_group_norm_stays_in_pytorch",
      "group_norm_slow_kernel (op_table.cpp)", ""},
+    {"gelu_post_op_slow",
+     "A GELU post-op of an fp32 matmul costs 2-3x PyTorch's GELU of the same output in AVX2 kernels (128x768 x 768x3072: +1.2 ms against 0.5).",
+     "3.12.0", "", "test/test_ops.py::test_gelu_of_a_matmul_stays_in_pytorch_on_avx2",
+     "gelu_post_op_slow (op_table.cpp)", "avx2"},
     {"pooling_reads_channels_last",
      "A 1-D or 3-D pooling of a plain (ncw, ncdhw) input runs the simple_nchw kernel, over 20x slower than PyTorch's (channels-last: a fast one).",
      "3.12.0", "", "test/test_ops.py::test_pooling_1d_3d_of_a_plain_input_stays_in_pytorch",
@@ -658,6 +662,25 @@ bool reduction_of_outer_dims(const std::vector<int64_t>& axes, int64_t rank) {
 bool group_norm_slow_kernel() {
   static const bool on = active("group_norm_slow_kernel");
   return on;
+}
+
+// Speed, not values: a GELU (erf or tanh) applied as the post-op of an fp32 matmul or linear by
+// oneDNN's AVX2 brgemm kernels adds 1.15-1.25 ms (erf) and 1.95-2.1 ms (tanh) to a 128x768 x
+// 768x3072 linear of 4.7-5.35 ms, where PyTorch's GELU of that output in place adds 0.5 and 0.7 ms;
+// at 197 rows (ViT-B/16) +1.7 against +0.7 ms; at 32 rows +0.24 against +0.15; at 8 rows (24K
+// outputs) the post-op is the cheaper (AMD EPYC Zen 3, 2 threads, oneDNN 3.12.0, in-process
+// alternation). So a GELU of 64K outputs or more stays in PyTorch on CPUs without AVX-512 (the
+// AVX-512 kernels were not measured slow), in place on the group's output (InPlaceGelus).
+// BERT-base, DistilBERT, ViT-B/16: 2-4% faster.
+constexpr int64_t kGeluPostOpSlowFrom = 1 << 16;
+
+bool gelu_post_op_slow(const Node* gelu) {
+  if (!active("gelu_post_op_slow")) return false;
+  const auto& isa = onednn::cpu().isa;
+  if (isa.rfind("avx512", 0) == 0 || isa.rfind("avx10", 0) == 0) return false;
+  auto t = gelu->input(0)->type()->cast<TensorType>();
+  auto n = t ? t->numel() : std::nullopt;
+  return n && *n >= kGeluPostOpSlowFrom && t->scalarType() == at::kFloat && producer(gelu->input(0), K::MatMul, 1);
 }
 
 // A 1-D or 3-D pooling reads a plain input channels-last (the kernel copies it): average pooling of

@@ -67,6 +67,7 @@ bool dequantized_src_of_fp32_conv();  // op_table.cpp: a Dequantize feeding a co
 bool dilated_unit_kernel();
 
 // op_table.cpp: ops left to PyTorch where oneDNN's kernel is slower than PyTorch's.
+bool gelu_post_op_slow(const Node* gelu);   // gelu(matmul(..)), fp32, AVX2 kernels: slower than PyTorch's
 bool group_norm_slow_kernel();                // any group norm
 bool pooling_of_a_plain_input(const Node* pool);  // a 1-D or 3-D pooling no oneDNN op feeds
 

@@ -214,6 +214,7 @@ bool leaky_relu(const Node* n, OpSpec& s) {
 }
 
 bool gelu(const Node* n, OpSpec& s) {
+  if (quirks::gelu_post_op_slow(n)) return s.refuse("oneDNN's GELU post-op of a matmul is slower than PyTorch's GELU on AVX2 (quirk gelu_post_op_slow)");
   auto approximate = str_arg(n, 1);
   if (approximate == "tanh") s.attr(A::mode, std::string("gelu_tanh"));  // default: "gelu_erf"
   else if (approximate != "none") return false;

@@ -32,6 +32,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   FuseGraph(g);
   PropagateLayout(g);
   InsertGuards(g);
+  InPlaceGelus(g);
   // What the guards checked must not leak into later passes as facts.
   torch::jit::RemoveTensorTypeSpecializations(g);
   GRAPH_DUMP("After torch_llga", g);
