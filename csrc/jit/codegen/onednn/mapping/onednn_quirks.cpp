@@ -302,6 +302,12 @@ bool linear_of_4d(const Node* matmul) {
          sizes(matmul->input(1)).size() == 2;
 }
 
+// Whether oneDNN runs its AVX-512 kernels here (a row's "avx512" kernels; "avx2" ones: the others).
+bool avx512_kernels() {
+  const std::string& isa = onednn::cpu().isa;
+  return isa.rfind("avx512", 0) == 0 || isa.rfind("avx10", 0) == 0;
+}
+
 }  // namespace
 
 std::span<const Quirk> registry() { return kQuirks; }
@@ -675,9 +681,7 @@ bool group_norm_slow_kernel() {
 constexpr int64_t kGeluPostOpSlowFrom = 1 << 16;
 
 bool gelu_post_op_slow(const Node* gelu) {
-  if (!active("gelu_post_op_slow")) return false;
-  const auto& isa = onednn::cpu().isa;
-  if (isa.rfind("avx512", 0) == 0 || isa.rfind("avx10", 0) == 0) return false;
+  if (!active("gelu_post_op_slow") || avx512_kernels()) return false;
   auto t = gelu->input(0)->type()->cast<TensorType>();
   auto n = t ? t->numel() : std::nullopt;
   return n && *n >= kGeluPostOpSlowFrom && t->scalarType() == at::kFloat && producer(gelu->input(0), K::MatMul, 1);
@@ -713,8 +717,11 @@ bool copy_transposed_inputs() {
 // tensor permuted to [B,H,M,K]: strides [.., M, 1, H*M]) is read wrongly when M == K, off by up to
 // 1e33 (reads outside the tensor; fuzzing). Such inputs are copied to contiguous first; a
 // transposed matrix with its batch dims outermost is read right.
+// The fault was found in AVX-512 kernels; their AVX2 twins read such inputs right (probed on
+// 3.11.2, 3.12.0 and 3.13.3: docs/quirks.md), so CPUs without AVX-512 skip the copies (BERT's
+// attention reads three projections' transposed views a layer).
 bool copy_interleaved_matmul_inputs() {
-  static const bool on = active("copy_interleaved_matmul_inputs");
+  static const bool on = active("copy_interleaved_matmul_inputs") && avx512_kernels();
   return on;
 }
 

@@ -371,7 +371,12 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     Value* probs = has_mask ? g->insert(kSoftmaxInfAsZero, {scores, -1}) : g->insert(c10::aten::softmax, {scores, -1, c10::IValue()});
     typed(probs, *q, score_sizes, contiguous(score_sizes));
     std::vector<int64_t> out_sizes = {qs[0], qs[1], qs[2], vs[3]};
-    Value* out = typed(g->insert(c10::aten::matmul, {probs, n->input(2)}), *q, out_sizes, contiguous(out_sizes));
+    // Where only the heads' merge (transpose(1, 2)) reads it, the output is written in [B, L, H, D]
+    // memory: the merge and the contiguous() and reshape after it are then views, not a copy a layer.
+    std::vector<int64_t> out_strides = merges_heads(n->output())
+                                           ? std::vector<int64_t>{qs[2] * qs[1] * vs[3], vs[3], qs[1] * vs[3], 1}
+                                           : contiguous(out_sizes);
+    Value* out = typed(g->insert(c10::aten::matmul, {probs, n->input(2)}), *q, out_sizes, out_strides);
     // Spelled out only where oneDNN can take every op of it (its matmuls with one column of output
     // cannot: quirks::matrix_vector_product): a part left to PyTorch would be slower than PyTorch's
     // SDPA, and the -inf of a masked score would reach a group's guard, which sends it to the fallback.

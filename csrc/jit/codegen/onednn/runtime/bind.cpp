@@ -25,6 +25,13 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
   auto guarded = node->hasAttribute(kGuardedInputs) ? node->is(kGuardedInputs) : std::vector<int64_t>{};
   auto nodes = subgraph_->nodes();
   bool binary_free = std::none_of(nodes.begin(), nodes.end(), [](const Node* n) { return is_binary_op(n); });
+  // An attention group (decompose_ops.cpp's SDPA: matmul, scale, mask, softmax, matmul): its binary
+  // ops read the scores, never an input its matmuls read, so those (q, k and v: a projection's
+  // transposed views) go to oneDNN in any dense layout, as in a group without binary ops.
+  bool attention = std::any_of(nodes.begin(), nodes.end(),
+                               [](const Node* n) { return onednn_kind(n) == dnnl::graph::op::kind::SoftMax; }) &&
+                   std::count_if(nodes.begin(), nodes.end(),
+                                 [](const Node* n) { return onednn_kind(n) == dnnl::graph::op::kind::MatMul; }) == 2;
   bool binary_chain = binary_chain_of_binaries(*subgraph_);
   // quirks::copy_matmul_post_op_operands: a matmul's post-op operand goes to oneDNN contiguous.
   bool matmul_post_ops = quirks::copy_matmul_post_op_operands() && !binary_free &&
@@ -34,7 +41,7 @@ bool FusionKernel::bind(const torch::jit::Node* node) {
   for (size_t i = 0; i < num_inputs_; ++i) {
     const Value* v = subgraph_->inputs()[i];
     inputs_[i].guarded = i < guarded.size() && guarded[i];
-    inputs_[i].any_dense = binary_free && read_by_conv_or_matmul_only(v);
+    inputs_[i].any_dense = (binary_free || attention) && read_by_conv_or_matmul_only(v);
     inputs_[i].read_by_matmul = read_by_matmul(v);
     inputs_[i].image = read_as_conv_source_only(v);
     auto read_by = [&](auto pred) { return std::any_of(v->uses().begin(), v->uses().end(), [&](const auto& u) { return pred(u.user); }); };
