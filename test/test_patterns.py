@@ -446,6 +446,13 @@ def test_multi_head_self_attention_is_spelled_out():
     assert "aten::_native_multi_head_attention" not in str(fused.graph)
 
 
+def test_multi_head_self_attention_of_the_graphs_input_is_spelled_out():
+    # Its input read by nothing else (no profiled reader): the fast path's own profile types it.
+    attention = nn.MultiheadAttention(64, 4, batch_first=True).eval().requires_grad_(False)
+    fused = check(lambda x: attention(x, x, x, need_weights=False)[0], torch.randn(2, 10, 64), groups=SOME)
+    assert ["linear"] in fused.groups and "aten::_native_multi_head_attention" not in str(fused.graph)
+
+
 def sdpa(q, k, v, mask):
     return F.scaled_dot_product_attention(q.relu(), k.relu(), v.relu(), attn_mask=mask)
 

@@ -93,6 +93,78 @@ def distilbert(batch, seq=128):
     return model, (ids, torch.ones(batch, seq, dtype=torch.long))
 
 
+class LayerPart(nn.Module):
+    """One part of one transformer encoder layer, timed alone for a per-layer table: attention (the
+    q, k and v projections, attention, the output projection), ffn (FC1, GELU, FC2) or norm (a
+    residual add and its layer norm; a layer has two)."""
+
+    def __init__(self, part, attention, ffn, norm):
+        super().__init__()
+        self.part, self.attention, self.ffn, self.norm = part, attention, ffn, norm
+
+    def forward(self, h, other):
+        if self.part == "attention":
+            return self.attention(h, other)
+        if self.part == "ffn":
+            return self.ffn(h)
+        return self.norm(h + other)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.self_attention, self.dense = layer.attention.self, layer.attention.output.dense
+
+    def forward(self, h, mask):
+        return self.dense(self.self_attention(h, mask)[0])
+
+
+class BertFeedForward(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.intermediate, self.dense = layer.intermediate, layer.output.dense
+
+    def forward(self, h):
+        return self.dense(self.intermediate(h))
+
+
+def bert_layer_part(part, seq=128):
+    """BERT-base's layer 0 (as bert_base: sequence 128, the boolean mask transformers passes)."""
+    def make(batch):
+        from transformers import BertConfig
+        from transformers.models.bert.modeling_bert import BertLayer
+
+        config = BertConfig(return_dict=False, torchscript=True)
+        config._attn_implementation = "sdpa"  # what BertModel picks
+        layer = BertLayer(config)
+        h = torch.randn(batch, seq, config.hidden_size)
+        other = torch.ones(batch, 1, seq, seq, dtype=torch.bool) if part == "attention" else torch.randn(h.shape)
+        return LayerPart(part, BertAttention(layer), BertFeedForward(layer), layer.output.LayerNorm), (h, other)
+
+    return make
+
+
+class VitAttention(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.attention = block.self_attention
+
+    def forward(self, h, unused):
+        return self.attention(h, h, h, need_weights=False)[0]
+
+
+def vit_layer_part(part, tokens=197):
+    """ViT-B/16's first encoder block (as vit_b_16: 224x224, 197 tokens)."""
+    def make(batch):
+        import torchvision
+
+        block = torchvision.models.vit_b_16().encoder.layers[0]
+        h = torch.randn(batch, tokens, 768)
+        return LayerPart(part, VitAttention(block), block.mlp, block.ln_2), (h, torch.randn(h.shape))
+
+    return make
+
+
 def torchvision_model(name, size):
     def make(batch):
         import torchvision
@@ -215,11 +287,17 @@ BEYOND = {
 }
 MODELS.update(BEYOND)
 
+# Parts of one encoder layer, for per-layer tables (attention, FFN, norm: a layer has two norms).
+LAYER_PARTS = {f"{model}_layer_{part}": make(part) for model, make in (("bert", bert_layer_part), ("vit", vit_layer_part))
+               for part in ("attention", "ffn", "norm")}
+MODELS.update(LAYER_PARTS)
+
 # The machine's conv throughput reference: one large 3x3 conv (3.7 GFLOP).
 MODELS["conv3x3_512"] = lambda b: (nn.Conv2d(512, 512, 3, padding=1), (torch.rand(b, 512, 28, 28),))
 
 # The package a model's definition comes from, beyond torch.
 PACKAGE = {**dict.fromkeys(["resnet50", "resnet18_64", "mobilenet_v2", "mobilenet_v3_large", "vit_b_16"], "torchvision"),
            "bert_base": "transformers", "distilbert": "transformers",
+           **{name: "transformers" if name.startswith("bert") else "torchvision" for name in LAYER_PARTS},
            **dict.fromkeys(["deeplabv3_mobilenet_v3", "fcn_resnet50", "fasterrcnn_mobilenet_fpn", "retinanet_resnet50_fpn"], "torchvision"),
            "unet_small": "diffusers", "whisper_encoder": "transformers", "t5_encoder": "transformers"}

@@ -43,12 +43,14 @@ const auto registered = torch::jit::registerPrePass([](std::shared_ptr<Graph>& g
 
 // The executor profiles the tensors TensorExpr ops read and write. Every op the table maps is
 // profiled too (quantize_per_tensor, dequantize and max_pool3d are no TensorExpr ops: they would
-// reach us without sizes or dtype), scaled_dot_product_attention, which DecomposeOps spells
-// out only for profiled q, k, v and mask, and the ops small-graph plans have steps for.
+// reach us without sizes or dtype), scaled_dot_product_attention and nn.MultiheadAttention's
+// fast path, which DecomposeOps spells out only for profiled inputs (an attention reading the
+// graph's input has no other profiled reader), and the ops small-graph plans have steps for.
 const bool profiled_table_ops = [] {
   torch::jit::RegisterProfilingNode([](const Node* n) {
     const OpEntry* e = find_entry(n);
-    return n->kind() == c10::aten::scaled_dot_product_attention || (e && (e->maps_to_onednn() || e->plan_step != PlanStep::kNone));
+    return n->kind() == c10::aten::scaled_dot_product_attention || n->kind() == c10::aten::_native_multi_head_attention ||
+           (e && (e->maps_to_onednn() || e->plan_step != PlanStep::kNone));
   });
   return true;
 }();
