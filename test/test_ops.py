@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import torch_llga
 
-from conftest import check, FP32, SOME, requires_bf16_kernels
+from conftest import check, Fused, FP32, SOME, requires_bf16_kernels
 
 pytestmark = pytest.mark.usefixtures("all_partitions")
 
@@ -181,6 +181,33 @@ def test_gelu_of_a_matmul_stays_in_pytorch_on_avx2(approximate):
             return F.gelu(y, approximate=approximate), y * 2
     both = check(Both(), torch.randn(2, 64, 64), groups=SOME)
     assert "gelu" in both.unfused and "gelu_" not in both.unfused, both.graph
+    # Fused at a small size, the group stays fused at a large one (a speed rule is no reason to
+    # run a group unfused at new sizes).
+    x = torch.randn(2, 64, 64)
+    before = torch_llga.stats()
+    with torch.no_grad():
+        torch.testing.assert_close(small(x), model(x), **FP32)
+    after = torch_llga.stats()
+    assert after["kernel_fallbacks"] == before["kernel_fallbacks"] and after["executions"] > before["executions"]
+
+
+@torch.jit.script
+def gelu_in_a_loop(x, w, b, n: int):
+    y = F.linear(x, w, b)
+    acc = torch.zeros(x.size(0), x.size(1), 512)
+    i = 0
+    while i < n:  # (a while loop: the JIT unrolls no copy of its body)
+        acc = acc + F.gelu(y)
+        i += 1
+    return acc
+
+
+def test_gelu_in_a_loop_of_a_group_result_made_outside_stays_out_of_place():
+    # gelu_ there would apply the GELU again each iteration to the same tensor.
+    args = (torch.randn(2, 64, 64), torch.randn(512, 64), torch.randn(512), 3)
+    fused = Fused(gelu_in_a_loop, args)
+    torch.testing.assert_close(fused(*args), gelu_in_a_loop(*args), **FP32)
+    assert "aten::gelu_" not in str(fused.graph), fused.graph
 
 
 @pytest.mark.parametrize("model,inp", [

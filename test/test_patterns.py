@@ -1049,36 +1049,44 @@ def test_sdpa_of_strided_views_is_one_partition(dtype):
     assert SDPA_GROUP in fused.groups and "scaled_dot_product_attention" not in fused.unfused
 
 
+def attention_mask(kind, B, H, L):
+    return {
+        "bool_keys": lambda: torch.rand(B, 1, 1, L) > 0.3,
+        "bool_square": lambda: (torch.rand(1, 1, L, L) > 0.3).expand(B, 1, L, L),
+        "float_per_head": lambda: torch.randn(B, H, L, L),
+        "float_per_sample": lambda: torch.randn(B, 1, L, L),
+    }[kind]()
+
+
+@pytest.mark.parametrize("L", [24, 16])  # 16: as many positions as the head's width (M == K)
 @pytest.mark.parametrize("mask", ["none", "bool_keys", "bool_square", "float_per_head", "float_per_sample"])
-def test_sdpa_of_transposed_projections_reads_them_in_place(mask):
+def test_sdpa_of_transposed_projections_reads_them_in_place(mask, L):
     # BERT's attention: q, k and v each a projection's view(B, L, H, D).transpose(1, 2), dense but
     # not contiguous. The group's binary ops (scale, mask) read only the scores, so its matmuls read
-    # the three views as they are: no copies (three a layer), and every mask broadcast still right.
+    # the three views as they are: no copies (three a layer), and every mask broadcast still right,
+    # at the profiled sizes and at others (a partition compiled for them).
     # The output is written in [B, L, H, D] memory: the heads' merge after it copies nothing either.
     # (AVX-512 kernels misread such views: quirk copy_interleaved_matmul_inputs copies them there.)
-    B, L, H, D = 2, 24, 4, 16
+    B, H, D = 2, 4, 16
     proj = [torch.nn.Linear(H * D, H * D).requires_grad_(False) for _ in range(3)]
-    masks = {
-        "none": None,
-        "bool_keys": torch.rand(B, 1, 1, L) > 0.3,
-        "bool_square": (torch.rand(1, 1, L, L) > 0.3).expand(B, 1, L, L),
-        "float_per_head": torch.randn(B, H, L, L),
-        "float_per_sample": torch.randn(B, 1, L, L),
-    }
-    m = masks[mask]
 
-    def attention(x, m):
-        q, k, v = (p(x).view(B, L, H, D).transpose(1, 2) for p in proj)
-        return F.scaled_dot_product_attention(q, k, v, m).transpose(1, 2).contiguous().reshape(B, L, H * D)
+    def attention(x, *m):
+        b, l, _ = x.shape
+        q, k, v = (p(x).view(b, l, H, D).transpose(1, 2) for p in proj)
+        return F.scaled_dot_product_attention(q, k, v, *m).transpose(1, 2).contiguous().reshape(b, l, H * D)
 
+    masks = () if mask == "none" else (attention_mask(mask, B, H, L),)
     x = torch.randn(B, L, H * D)
-    fused = check(lambda a: attention(a, m), x, groups=SOME)
+    fused = check(attention, x, *masks, groups=SOME)
     [group] = [g for g in fused.groups if "softmax" in g or "llga::softmax_inf_as_zero" in g]
     assert group.count("matmul") == 2
-    if torch_llga.config()["cpu_isa"].startswith(("avx512", "avx10")):
+    for b, l in ((B, L + 8), (B + 1, L)):  # new sizes
+        other = (torch.randn(b, l, H * D),) + (() if mask == "none" else (attention_mask(mask, b, H, l),))
+        torch.testing.assert_close(fused(*other), attention(*other), **FP32)
+    if torch_llga.config()["cpu_isa"].startswith("avx512"):
         return
     with torch.profiler.profile(record_shapes=True) as prof:
-        fused(x)
+        fused(x, *masks)
     # (an expanded mask's bias, stride 0, is still made dense for the add that reads it)
     copies = [e.input_shapes for e in prof.events() if e.name in ("aten::copy_", "aten::clone")]
     assert not [s for s in copies if s and s[0] in ([B, H, L, D], [B, L, H, D])], copies

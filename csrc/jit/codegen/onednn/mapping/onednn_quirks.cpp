@@ -302,11 +302,9 @@ bool linear_of_4d(const Node* matmul) {
          sizes(matmul->input(1)).size() == 2;
 }
 
-// Whether oneDNN runs its AVX-512 kernels here (a row's "avx512" kernels; "avx2" ones: the others).
-bool avx512_kernels() {
-  const std::string& isa = onednn::cpu().isa;
-  return isa.rfind("avx512", 0) == 0 || isa.rfind("avx10", 0) == 0;
-}
+// Whether oneDNN runs its AVX-512 kernels here (a row's "avx512" kernels; "avx2" ones: the others,
+// AVX2 and below). onednn::cpu() names every AVX-512 and AVX10 level "avx512_*".
+bool avx512_kernels() { return onednn::cpu().isa.rfind("avx512", 0) == 0; }
 
 }  // namespace
 
@@ -680,8 +678,15 @@ bool group_norm_slow_kernel() {
 // BERT-base, DistilBERT, ViT-B/16: 2-4% faster.
 constexpr int64_t kGeluPostOpSlowFrom = 1 << 16;
 
+namespace {
+thread_local int values_only = 0;
+}  // namespace
+
+ValuesOnly::ValuesOnly() { ++values_only; }
+ValuesOnly::~ValuesOnly() { --values_only; }
+
 bool gelu_post_op_slow(const Node* gelu) {
-  if (!active("gelu_post_op_slow") || avx512_kernels()) return false;
+  if (values_only || !active("gelu_post_op_slow") || avx512_kernels()) return false;
   auto t = gelu->input(0)->type()->cast<TensorType>();
   auto n = t ? t->numel() : std::nullopt;
   return n && *n >= kGeluPostOpSlowFrom && t->scalarType() == at::kFloat && producer(gelu->input(0), K::MatMul, 1);

@@ -86,6 +86,7 @@ bool FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args) {
       return false;
     }
   }
+  const quirks::ValuesOnly values_only;  // a speed rule does not send a fused group unfused
   for (const Node* n : g->nodes()) {
     if (is_binary_op(n) && quirks::wrong_in_partition(n, members)) {
       GRAPH_DEBUG("At these input sizes oneDNN computes ", n->kind().toQualString(), " wrongly as a post-op: the group runs unfused for them");
