@@ -19,6 +19,8 @@ FP32 = dict(rtol=1e-5, atol=1e-5)
 # in PyTorch; without VNNI int8 weights do (quirks::int8_without_vnni). Tests that expect such
 # partitions need them.
 CPU = torch_llga._C._onednn_cpu()
+# Whether oneDNN runs its AVX-512 kernels here (its ISA names every AVX-512 and AVX10 level "avx512_*").
+AVX512_KERNELS = CPU["isa"].startswith("avx512")
 requires_bf16_kernels = pytest.mark.skipif(not CPU["bf16"], reason=f"oneDNN has no bf16 kernels on this CPU ({CPU['isa']})")
 requires_int8_kernels = pytest.mark.skipif(not CPU["int8_vnni"],
                                            reason=f"oneDNN's int8 kernels lack VNNI on this CPU ({CPU['isa']}): int8 runs in fp32")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import torch_llga
 
-from conftest import check, Fused, FP32, SOME, requires_bf16_kernels
+from conftest import AVX512_KERNELS, check, Fused, FP32, SOME, requires_bf16_kernels
 
 pytestmark = pytest.mark.usefixtures("all_partitions")
 
@@ -151,10 +151,6 @@ def test_gelu_tanh_is_one_op():
     check(lambda a: F.gelu(linear(a), approximate="tanh"), x, groups=[["linear", "gelu"]])
 
 
-def avx512_kernels():
-    return torch_llga.config()["cpu_isa"].startswith(("avx512", "avx10"))
-
-
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_of_a_matmul_stays_in_pytorch_on_avx2(approximate):
     # oneDNN's GELU post-op of an fp32 matmul is 2-3x slower than PyTorch's GELU of its output in
@@ -164,7 +160,7 @@ def test_gelu_of_a_matmul_stays_in_pytorch_on_avx2(approximate):
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(approximate=approximate))
     large = check(model, torch.randn(2, 64, 64), groups=SOME)  # 64K outputs
     small = check(model, torch.randn(2, 8, 64), groups=[["linear", "gelu"]])
-    if avx512_kernels():
+    if AVX512_KERNELS:
         assert large.groups == [["linear", "gelu"]]
         return
     assert large.groups == [["linear"]] and large.unfused == ["gelu_"], large.graph

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch_llga
 
-from conftest import PER_HEAD_BIAS_MODEL, AVX2, FP32, Fused, check, opaque_outputs, SOME, BF16, CPU, requires_bf16_kernels
+from conftest import PER_HEAD_BIAS_MODEL, AVX2, AVX512_KERNELS, FP32, Fused, check, opaque_outputs, SOME, BF16, CPU, requires_bf16_kernels
 
 
 class ConvBnRelu(nn.Module):
@@ -1083,7 +1083,7 @@ def test_sdpa_of_transposed_projections_reads_them_in_place(mask, L):
     for b, l in ((B, L + 8), (B + 1, L)):  # new sizes
         other = (torch.randn(b, l, H * D),) + (() if mask == "none" else (attention_mask(mask, b, H, l),))
         torch.testing.assert_close(fused(*other), attention(*other), **FP32)
-    if torch_llga.config()["cpu_isa"].startswith("avx512"):
+    if AVX512_KERNELS:
         return
     with torch.profiler.profile(record_shapes=True) as prof:
         fused(x, *masks)

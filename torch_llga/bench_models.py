@@ -93,23 +93,9 @@ def distilbert(batch, seq=128):
     return model, (ids, torch.ones(batch, seq, dtype=torch.long))
 
 
-class LayerPart(nn.Module):
-    """One part of one transformer encoder layer, timed alone for a per-layer table: attention (the
-    q, k and v projections, attention, the output projection), ffn (FC1, GELU, FC2) or norm (a
-    residual add and its layer norm; a layer has two)."""
-
-    def __init__(self, part, attention, ffn, norm):
-        super().__init__()
-        self.part, self.attention, self.ffn, self.norm = part, attention, ffn, norm
-
-    def forward(self, h, other):
-        if self.part == "attention":
-            return self.attention(h, other)
-        if self.part == "ffn":
-            return self.ffn(h)
-        return self.norm(h + other)
-
-
+# One encoder layer's parts, timed alone for a per-layer table: attention (the q, k and v
+# projections, attention, the output projection), ffn (FC1, GELU, FC2) and norm (a residual add and
+# its layer norm; a layer has two).
 class BertAttention(nn.Module):
     def __init__(self, layer):
         super().__init__()
@@ -128,6 +114,24 @@ class BertFeedForward(nn.Module):
         return self.dense(self.intermediate(h))
 
 
+class VitAttention(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.attention = block.self_attention
+
+    def forward(self, h):
+        return self.attention(h, h, h, need_weights=False)[0]
+
+
+class AddNorm(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, h, residual):
+        return self.norm(h + residual)
+
+
 def bert_layer_part(part, seq=128):
     """BERT-base's layer 0 (as bert_base: sequence 128, the boolean mask transformers passes)."""
     def make(batch):
@@ -138,19 +142,13 @@ def bert_layer_part(part, seq=128):
         config._attn_implementation = "sdpa"  # what BertModel picks
         layer = BertLayer(config)
         h = torch.randn(batch, seq, config.hidden_size)
-        other = torch.ones(batch, 1, seq, seq, dtype=torch.bool) if part == "attention" else torch.randn(h.shape)
-        return LayerPart(part, BertAttention(layer), BertFeedForward(layer), layer.output.LayerNorm), (h, other)
+        if part == "attention":
+            return BertAttention(layer), (h, torch.ones(batch, 1, seq, seq, dtype=torch.bool))
+        if part == "ffn":
+            return BertFeedForward(layer), (h,)
+        return AddNorm(layer.output.LayerNorm), (h, torch.randn(h.shape))
 
     return make
-
-
-class VitAttention(nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.attention = block.self_attention
-
-    def forward(self, h, unused):
-        return self.attention(h, h, h, need_weights=False)[0]
 
 
 def vit_layer_part(part, tokens=197):
@@ -160,7 +158,11 @@ def vit_layer_part(part, tokens=197):
 
         block = torchvision.models.vit_b_16().encoder.layers[0]
         h = torch.randn(batch, tokens, 768)
-        return LayerPart(part, VitAttention(block), block.mlp, block.ln_2), (h, torch.randn(h.shape))
+        if part == "attention":
+            return VitAttention(block), (h,)
+        if part == "ffn":
+            return block.mlp, (h,)
+        return AddNorm(block.ln_2), (h, torch.randn(h.shape))
 
     return make
 

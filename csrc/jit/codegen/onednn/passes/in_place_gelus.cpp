@@ -1,9 +1,9 @@
 // InPlaceGelus: a GELU left to PyTorch (quirk gelu_post_op_slow, or any other reason) that alone
-// reads a fusion group's result -> aten::gelu_ on it. The result is a fresh tensor nothing else reads (fused or in
-// the group's fallback), so computing in place is invisible, and it skips an allocation of the
-// output's size each call: out of place, ViT-B/16's 12 GELUs of [197, 3072] took 1.3 ms each inside
-// the model against 0.4-0.55 alone (fresh pages of a large allocation; AMD EPYC Zen 3, 2 threads);
-// the whole model ran 0.98x the time in place (in-process alternation, 20 rounds).
+// reads a fusion group's result -> aten::gelu_ on it. The result is a fresh tensor nothing else
+// reads (fused or in the group's fallback), so computing in place is invisible, and it skips an
+// allocation of the output's size each call: out of place, ViT-B/16's 12 GELUs of [197, 3072] took
+// 1.3 ms each inside the model against 0.4-0.55 alone (fresh pages of a large allocation; AMD EPYC
+// Zen 3, 2 threads); the whole model ran 0.98x the time in place (in-process alternation, 20 rounds).
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 
