@@ -157,13 +157,47 @@ def test_pt2e_through_torch_export():
     assert sum(g.count("linear") for g in groups_of(graph)) == 7
 
 
-@pytest.mark.parametrize("config", [dict(is_dynamic=True), dict(reduce_range=True)], ids=["dynamic", "reduce_range"])
+def test_pt2e_reduce_range_runs_int8_kernels_on_every_cpu():
+    # reduce_range (7-bit activations, the quantizer's advice for CPUs without VNNI): each quantize
+    # becomes a clamp at code 127 and a quantize, which oneDNN's int8 kernels take as post-ops; u8
+    # codes below 128 cannot overflow the 16-bit pair sums of kernels without VNNI
+    # (quirk int8_without_vnni), so the weights stay int8 on every CPU.
+    # A pool of 7-bit codes needs no clamp (oneDNN cannot compile an int8 pool with one): its
+    # partitions compile, and the convs after it read codes known below 128.
+    x = torch.randn(1, 3, 32, 32)
+    reference = pt2e(resnet18(), x, reduce_range=True)
+    fallbacks = torch_llga.stats()["kernel_fallbacks"]
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    assert torch_llga.stats()["kernel_fallbacks"] == fallbacks
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    groups = groups_of(graph)
+    assert ["dequantize", "max_pool2d", "quantize_per_tensor"] in groups
+    assert sum(g.count("_convolution") for g in groups) == 20
+    assert ["dequantize", "dequantize", "linear"] in groups  # int8 in, fp32 logits out
+    int8_groups = [g for g in groups if g.count("dequantize") >= 2 and "quantize_per_tensor" in g]
+    assert sum(g.count("_convolution") for g in int8_groups) == 20, groups
+    assert sum(g.count("clamp") for g in int8_groups) >= 17  # every conv's output clamped to 7 bits in its kernel
+    assert not [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed")]
+
+
+def test_pt2e_reduce_range_encoder_linears_run_int8():
+    x = torch.randn(2, 16, 64)
+    reference = pt2e(TinyEncoder(), x, reduce_range=True)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    int8_linears = [g for g in groups_of(graph) if "linear" in g and g.count("dequantize") >= 2]
+    assert sum(g.count("linear") for g in int8_linears) == 7
+
+
+@pytest.mark.parametrize("config", [dict(is_dynamic=True)], ids=["dynamic"])
 def test_pt2e_forms_kept_in_pytorch_stay_right(config):
-    # Runtime scales (dynamic quantization) and 7-bit activations (reduce_range: a quantized tensor
-    # would clamp at 255, not 127) are not quantized tensors: those ops stay PyTorch's, as PT2E wrote
-    # them, and the result is the reference's: its linears run fused in fp32, so a sum in another
-    # order can flip a code at a rounding boundary. 2e-2: a few such flips (the head's weights are
-    # under 0.13, its input's steps a few hundredths); a wrong quantization is off by far more.
+    # Runtime scales (dynamic quantization) are not quantized tensors' constants: those ops stay
+    # PyTorch's, as PT2E wrote them, and the result is the reference's: its linears run fused in
+    # fp32, so a sum in another order can flip a code at a rounding boundary. 2e-2: a few such flips
+    # (the head's weights are under 0.13, its input's steps a few hundredths); a wrong quantization
+    # is off by far more.
     x = torch.randn(2, 16, 64)
     reference = pt2e(TinyEncoder(), x, **config)
     out, graph = warm(torch.compile(reference, backend="torch_llga"), x)

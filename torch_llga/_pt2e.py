@@ -8,11 +8,15 @@ quantize ops, slower than the fp32 model. Rewritten as torch.quantize_per_tensor
 per-channel quantized weight constant, the graph is the one PyTorch's FX flow produces, which the
 op table maps to oneDNN's int8 kernels (dequantize -> conv/matmul -> post-ops -> quantize).
 
-Only what means the same is rewritten: a quantize of an fp32 tensor over the dtype's full range
-(a reduced range, 0..127, clamps where a quantized tensor does not), a weight dequantized from
-constants. Anything else (dynamic quantization's runtime scales, out_dtype=bfloat16) stays as PT2E
-wrote it and runs in PyTorch, right and unfused.
+Only what means the same is rewritten: a quantize of an fp32 tensor, a weight dequantized from
+constants over the dtype's full range. A quantized tensor clamps at its dtype's bounds; a reduced
+range (reduce_range's 0..127, which the quantizer advises for CPUs without VNNI) clamps earlier, so
+its quantize becomes a clamp of the fp32 values to the range's ends, then the quantize: the same
+codes (the ends are grid points). Anything else (dynamic quantization's runtime scales,
+out_dtype=bfloat16) stays as PT2E wrote it and runs in PyTorch, right and unfused.
 """
+import math
+
 import torch
 import torch.fx
 
@@ -43,6 +47,45 @@ def _full_range(quant_min, quant_max, dtype):
     return dtype in _FULL_RANGE and _FULL_RANGE[dtype][:2] == (quant_min, quant_max)
 
 
+def _within_range(quant_min, quant_max, dtype):
+    return dtype in _FULL_RANGE and _FULL_RANGE[dtype][0] <= quant_min < quant_max <= _FULL_RANGE[dtype][1]
+
+
+# Ops whose outputs lie within their first input's bounds (0 among them: pools pad with zeros).
+_WITHIN_INPUT_BOUNDS = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "flatten", "view", "reshape"}
+
+
+def _value_bounds(value):
+    """(lowest, highest) of the values `value` can hold, when it is a dequantize of a known range
+    or such a value pooled or reshaped; None otherwise."""
+    while isinstance(value, torch.fx.Node) and value.op == "call_function":
+        if _is(value, "dequantize_per_tensor") and _params(value):
+            scale, zero_point, quant_min, quant_max, _ = _params(value)
+            return (quant_min - zero_point) * scale, (quant_max - zero_point) * scale
+        target = value.target
+        if not (isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"
+                and target._schema.name.split("::")[1] in _WITHIN_INPUT_BOUNDS):
+            return None
+        value = value.args[0]
+    return None
+
+
+def _clamp_bounds(x, scale, zero_point, quant_min, quant_max, dtype):
+    """{"min": ..., "max": ...}: the fp32 values at the ends of a reduced range, where a quantize
+    of x to the full range must clamp first to give the reduced range's codes. Empty at full range,
+    and where x's values lie within the range already (a pool of a tensor quantized to the range:
+    the clamp would change nothing, and oneDNN 3.12 cannot compile an int8 pool with one). The ends
+    are grid points, so a value a rounding beyond one still gets its code."""
+    full_min, full_max = _FULL_RANGE[dtype][:2]
+    lowest, highest = _value_bounds(x) or (-math.inf, math.inf)
+    bounds = {}
+    if quant_min > full_min and lowest < (quant_min - zero_point) * scale:
+        bounds["min"] = (quant_min - zero_point) * scale
+    if quant_max < full_max and highest > (quant_max - zero_point) * scale:
+        bounds["max"] = (quant_max - zero_point) * scale
+    return bounds
+
+
 def _fp32(value):
     """Is this node's value an fp32 tensor? (PT2E quantizes bf16 too, torch.quantize_per_tensor fp32 only.)"""
     example = value.meta.get("val", value.meta.get("example_value")) if isinstance(value, torch.fx.Node) else None
@@ -54,13 +97,21 @@ def lower(graph, is_constant):
     is_constant(node): is this node a constant of the graph (a frozen state input)? Returns the
     number of ops rewritten."""
     rewritten = 0
+    # read off PT2E's own ops, before they are rewritten
+    clamps = {node: _clamp_bounds(node.args[0], *_params(node)) for node in graph.nodes
+              if _is(node, "quantize_per_tensor") and _params(node) and _within_range(*_params(node)[2:])}
     for node in list(graph.nodes):
         params = _params(node) if _is(node, "quantize_per_tensor") else None
-        if params and _full_range(*params[2:]) and _fp32(node.args[0]):
+        if params and _within_range(*params[2:]) and _fp32(node.args[0]):
             scale, zero_point, _, _, dtype = params
-            with graph.inserting_after(node):
+            with graph.inserting_before(node):
+                x = node.args[0]
+                bounds = clamps[node]
+                if bounds:
+                    x = graph.call_function(torch.clamp, (x,), bounds)
+                    x.meta = node.args[0].meta.copy()
                 quantized = graph.call_function(torch.quantize_per_tensor,
-                                                (node.args[0], scale, zero_point, _FULL_RANGE[dtype][2]))
+                                                (x, scale, zero_point, _FULL_RANGE[dtype][2]))
             for user in list(node.users):
                 with graph.inserting_before(user):
                     if _is(user, "dequantize_per_tensor") and _params(user) == params and user.args[0] is node:

@@ -26,8 +26,8 @@ on a few random batches); eager, torchscript, builtin_onednn and torch_llga run 
 native int8 kernels, traced and frozen: what a PyTorch user picks today), torchscript_fp32 the fp32
 model, torch_llga_fast torch_llga with TORCH_LLGA_INT8_EXACT=0 (residual adds as conv post-ops, their
 requantization dropped). Differences are to the eager reference model. The same model quantized by
-torchao's PT2E flow (X86InductorQuantizer's defaults; torchao is a benchmark extra), calibrated on the
-same batches: pt2e_inductor runs it the way PyTorch documents (torch.compile, Inductor, freezing on),
+torchao's PT2E flow (X86InductorQuantizer's defaults; on a CPU without VNNI with reduce_range, 7-bit
+activations, as the quantizer advises there; torchao is a benchmark extra), calibrated on the same batches: pt2e_inductor runs it the way PyTorch documents (torch.compile, Inductor, freezing on),
 pt2e_llga through torch.compile(backend="torch_llga"); their column "llga vs PT2E Inductor" is
 pt2e_llga against pt2e_inductor. The other runtimes quantize the fp32 model their own documented way
 on the same batches (benchmark extras): openvino_nncf, NNCF's post-training `nncf.quantize` of the
@@ -368,7 +368,8 @@ def quantized_int8(model, inputs):
 
 def quantized_pt2e(model, inputs):
     """model quantized by torchao's PT2E flow with X86InductorQuantizer's defaults, calibrated on
-    calibration_batches() (torchao: a benchmark extra)."""
+    calibration_batches() (torchao: a benchmark extra). Without VNNI, reduce_range: the quantizer's
+    advice for such CPUs (8-bit activations overflow their int8 kernels' 16-bit pair sums)."""
     bench_import("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
@@ -377,7 +378,8 @@ def quantized_pt2e(model, inputs):
         exported = torch.export.export(copy.deepcopy(model), inputs, strict=True).module()
     except Exception:  # noqa: BLE001 - what strict export cannot trace (transformers' models)
         exported = torch.export.export(copy.deepcopy(model), inputs).module()
-    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    reduce_range = not torch_llga.config()["int8_vnni"]
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config(reduce_range=reduce_range))
     prepared = prepare_pt2e(exported, quantizer)
     with torch.no_grad():
         for batch in calibration_batches(inputs):

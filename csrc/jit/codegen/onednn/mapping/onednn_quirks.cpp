@@ -763,7 +763,8 @@ bool one_channel_unit_width_conv(const Node* conv, const std::vector<int64_t>& s
 // (255 * 127 * 2 > 32767). With activations that use all 8 bits, as PyTorch's observers make them
 // unless reduce_range is set, a quantized linear came out 14-53 output steps off the reference
 // (42 steps at [4, 64] -> 128; exact with reduce_range's 7-bit activations). The int8 weights then
-// stay PyTorch's (dequantized there): the conv or matmul runs in fp32, right, and still fused.
+// stay PyTorch's (dequantized there): the conv or matmul runs in fp32, right, and still fused. Not
+// where the src's codes are known below 128 (op_table.cpp's int8_weights_exact: PT2E's reduce_range).
 bool int8_without_vnni() {
   static const bool on = active("int8_without_vnni") && !llga::onednn::cpu().int8_vnni;
   return on;

@@ -505,8 +505,8 @@ bool quantize(const Node* n, OpSpec& s) {
 
 // A frozen quantized weight: its int data goes to oneDNN as a constant s8 tensor and its quantization
 // parameters become the Dequantize's attributes. oneDNN's int8 kernels take symmetric s8 weights only.
-bool dequantize_weight(const at::Tensor& w, OpSpec& s) {
-  if (w.scalar_type() != c10::kQInt8 || quirks::int8_without_vnni()) return false;
+bool dequantize_weight(const at::Tensor& w, OpSpec& s, bool int8_kernels) {
+  if (w.scalar_type() != c10::kQInt8 || !int8_kernels) return false;
   if (w.qscheme() == c10::kPerTensorAffine) return w.q_zero_point() == 0 && per_tensor(s, w.q_scale(), 0);
   // Per channel along dim 0 only: the output channels of conv (OIX) and linear ([out, in]) weights,
   // the one per-channel form oneDNN's int8 kernels take.
@@ -519,6 +519,21 @@ bool dequantize_weight(const at::Tensor& w, OpSpec& s) {
   s.attr(A::qtype, std::string("per_channel")).attr(A::axis, int64_t{0})
       .attr(A::scales, std::vector<float>(sc, sc + scales.numel())).attr(A::zps, Ints(static_cast<size_t>(scales.numel()), 0));
   return true;
+}
+
+// Can oneDNN's int8 kernels take the weights dequantized by n? Without VNNI (quirk
+// int8_without_vnni) only where every op reading them takes its src as u8 codes below 128
+// (recorded by PrepareQuantization: PT2E's reduce_range): vpmaddubsw's pair sums then fit in 16
+// bits (2 * 127 * 128 <= 32767).
+bool int8_weights_exact(const Node* n) {
+  if (!quirks::int8_without_vnni()) return true;
+  const auto& uses = n->output()->uses();
+  return !uses.empty() && std::all_of(uses.begin(), uses.end(), [](const torch::jit::Use& use) {
+    if (use.offset != 1 || !in_family(use.user, kContraction)) return false;
+    const Node* src = use.user->input(0)->node();
+    return onednn_kind(src) == K::Dequantize && has_dtype(src->input(0), c10::kQUInt8) &&
+           src->hasAttribute(kQuantMaxCode) && src->i(kQuantMaxCode) <= 127;
+  });
 }
 
 // A conv reading `v` as its src whose weights are no dequantize (fp32: quirk dequantized_src_of_fp32_conv).
@@ -542,7 +557,7 @@ bool dequantize(const Node* n, OpSpec& s) {
     return per_tensor(s, n->f(kQuantScale), n->i(kQuantZeroPoint));
   }
   auto c = toIValue(n->input(0));
-  return c && c->isTensor() && dequantize_weight(c->toTensor(), s);
+  return c && c->isTensor() && dequantize_weight(c->toTensor(), s, int8_weights_exact(n));
 }
 
 }  // namespace

@@ -178,6 +178,9 @@ std::optional<QuantParams> quantize_params(const Node* n);
 // the quantize that produced the input (the dequantize may later sit in a group without it).
 inline const c10::Symbol kQuantScale = c10::Symbol::attr("llga_scale");
 inline const c10::Symbol kQuantZeroPoint = c10::Symbol::attr("llga_zero_point");
+// ... and, where that quantize reads a clamp below its dtype's top (PT2E's reduce_range), the
+// largest code it can give (quirks::int8_without_vnni spares u8 codes below 128).
+inline const c10::Symbol kQuantMaxCode = c10::Symbol::attr("llga_max_code");
 
 bool is_tensor(const Value* v);
 

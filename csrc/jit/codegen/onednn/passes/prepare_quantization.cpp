@@ -18,6 +18,8 @@
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -150,6 +152,45 @@ std::optional<QuantParams> output_params(const Node* n) {
   return quantize_params(n);
 }
 
+// The highest value v can hold, where the graph says: a clamp's top, a dequantize of codes whose top
+// is recorded, and what pools, views and ReLU keep within their input's bounds (and 0: pools pad).
+// As a float, the way PyTorch and oneDNN compute dequantized values: rounding is monotone, so no
+// value of v lies above it.
+std::optional<float> highest_value(const Value* v) {
+  const Node* n = v->node();
+  const op::kind kind = onednn_kind(n);
+  if (kind == op::kind::Clamp) {
+    auto spec = map_node(n);
+    if (!spec) return std::nullopt;
+    for (const auto& [name, value] : spec->attrs)
+      if (name == op::attr::max) return std::get<float>(value);
+    return std::nullopt;
+  }
+  if (kind == op::kind::Dequantize) {
+    if (!n->hasAttribute(kQuantMaxCode)) return std::nullopt;
+    double scale = static_cast<float>(n->f(kQuantScale));
+    return static_cast<float>(static_cast<double>(n->i(kQuantMaxCode) - n->i(kQuantZeroPoint)) * scale);
+  }
+  if (kind != op::kind::ReLU && !in_family(n, kPooling | kView)) return std::nullopt;
+  auto top = highest_value(n->input(0));
+  if (!top) return std::nullopt;
+  return std::max(*top, 0.0f);
+}
+
+// The largest u8 code quantize node q can give, where its input's highest value is known below code
+// 255 (PT2E's reduce_range arrives as a clamp at code 127 and a quantize: torch_llga/_pt2e.py; a
+// pool of codes below 128 keeps them there). Rounded up at halves, with a margin: an upper bound
+// whichever way oneDNN or PyTorch rounds.
+std::optional<int64_t> largest_u8_code(const Node* q, const QuantParams& p) {
+  if (q->kind() != c10::aten::quantize_per_tensor || q->output()->type()->expect<TensorType>()->scalarType() != c10::kQUInt8)
+    return std::nullopt;
+  auto top = highest_value(q->input(0));
+  if (!top) return std::nullopt;
+  float steps = *top * (1.0f / static_cast<float>(p.scale));
+  if (!(steps + static_cast<float>(p.zero_point) < 254.0f)) return std::nullopt;  // also NaN
+  return std::max<int64_t>(0, static_cast<int64_t>(std::floor(steps + 0.501f)) + p.zero_point);
+}
+
 void record_params_and_split(torch::jit::Block* block) {
   for (Node* n : block->nodes()) {
     for (auto* b : n->blocks()) record_params_and_split(b);
@@ -157,6 +198,7 @@ void record_params_and_split(torch::jit::Block* block) {
     if (auto q = output_params(n->input(0)->node())) {
       n->f_(kQuantScale, q->scale);
       n->i_(kQuantZeroPoint, q->zero_point);
+      if (auto top = largest_u8_code(n->input(0)->node(), *q)) n->i_(kQuantMaxCode, *top);
     }
     auto uses = n->output()->uses();
     for (size_t i = 1; i < uses.size(); ++i) {
@@ -194,9 +236,10 @@ bool fold_fp32_weights(torch::jit::Block* block) {
 void PrepareQuantization(std::shared_ptr<Graph>& g) {
   if (!keep_every_requantization()) elide_requantization(g->block());
   bool folded = fold_requantized_clamps(g->block());
-  folded |= fold_fp32_weights(g->block());
   if (fold_int8_adds(g->block()) || folded) torch::jit::EliminateDeadCode(g);
   record_params_and_split(g->block());
+  // after the recording: whether a weight stays int8 can depend on its src's codes (int8_without_vnni)
+  if (fold_fp32_weights(g->block())) torch::jit::EliminateDeadCode(g);
   GRAPH_DUMP("After PrepareQuantization", g);
 }
 
