@@ -205,3 +205,26 @@ def test_pt2e_forms_kept_in_pytorch_stay_right(config):
         expected = reference(x)
     torch.testing.assert_close(out, expected, rtol=0, atol=2e-2)
     assert [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed::quantize_per_tensor")]
+
+
+def test_bench_quantizes_a_model_that_computes_and_drops_a_value():
+    # BERT's pooler behind the bench's wrapper: a linear + tanh nothing reads. The x86 quantizer's
+    # linear-unary pattern fails on it (IndexError); the bench drops dead code before quantizing.
+    class Dropping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.pooler, self.act = nn.Linear(16, 16), nn.Linear(16, 16), nn.Tanh()
+
+        def forward(self, x):
+            h = self.body(x)
+            self.act(self.pooler(h))  # computed, never read
+            return h
+
+    from torch_llga import bench
+    x = torch.randn(2, 16)
+    quantized = bench.quantized_pt2e(Dropping().eval(), (x,))
+    assert not [n for n in quantized.graph.nodes if n.target is torch.ops.aten.tanh.default]
+    out, graph = warm(torch.compile(quantized, backend="torch_llga"), x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, quantized(x), rtol=0, atol=1e-5)
+    assert ["dequantize", "dequantize", "linear"] in groups_of(graph)

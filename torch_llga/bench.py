@@ -526,8 +526,9 @@ def markdown(rows, backends, args):
            f"ratios: median of per-round ratios, ~ where their middle half spans 1.00x"
     cols = ratio_columns(backends)
     # Preparation and first calls: torch_llga's and the built-in fuser's, and the other runtimes' in this run.
-    warm = ["torch_llga", "builtin_onednn"] + [b for b in ("openvino", "onnxruntime", "openvino_nncf", "onnxruntime_int8",
-                                                          "zentorch") if b in backends]
+    llga_runs = [b for b in ("torch_llga", "pt2e_llga") if b in backends] or ["torch_llga"]
+    warm = llga_runs + ["builtin_onednn"] + [b for b in ("openvino", "onnxruntime", "openvino_nncf", "onnxruntime_int8",
+                                                         "zentorch") if b in backends]
     warm_heading = " / ".join({"torch_llga": "llga", "builtin_onednn": "built-in"}.get(b, b) for b in warm)
     compile_cols = compile_columns(backends)
     lines = [head, "", "| model | " + " | ".join(backends) + "".join(f" | llga vs {h}" for h, _ in cols) +
