@@ -216,6 +216,18 @@ def test_int8_weights_without_vnni_run_in_fp32():
     assert len(int8_weights) == (3 if CPU["int8_vnni"] else 0)
 
 
+def test_quantize_of_a_layer_norm_stays_apart():
+    # oneDNN writes a layer norm's quantized output only in its reference kernel, 100-300x slower
+    # than its jit layer norm (quirk layer_norm_quantized_output): the layer norm is fused alone and
+    # the quantize of its output is PyTorch's.
+    model = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 32))
+    x = torch.randn(2, 16, 64)
+    ref = quantized(model, x)
+    fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
+    assert ["layer_norm"] in fused.groups, fused.groups
+    assert not [g for g in fused.groups if "layer_norm" in g and "quantize_per_tensor" in g], fused.groups
+
+
 @pytest.mark.parametrize("weight_qscheme", [torch.per_channel_affine, torch.per_tensor_affine])
 def test_asymmetric_weights_stay_fp32(weight_qscheme):
     # oneDNN's int8 kernels take symmetric weights only: a weight with zero points is dequantized

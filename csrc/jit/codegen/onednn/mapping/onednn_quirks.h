@@ -68,8 +68,9 @@ bool dilated_unit_kernel();
 
 // op_table.cpp: ops left to PyTorch where oneDNN's kernel is slower than PyTorch's.
 bool gelu_post_op_slow(const Node* gelu);   // gelu(matmul(..)), fp32, AVX2 kernels: slower than PyTorch's
+bool layer_norm_quantized_output(const Node* quantize);  // quantize(layer_norm(..)): a reference kernel
 // While one is alive (on this thread), rules that keep an op from oneDNN for speed alone
-// (gelu_post_op_slow) hold back: a group fused at its profiled sizes is judged again at new ones
+// (gelu_post_op_slow, layer_norm_quantized_output) hold back: a group fused at its profiled sizes is judged again at new ones
 // for values only (runtime/new_sizes.cpp), not sent unfused for being slower there.
 struct ValuesOnly {
   ValuesOnly();

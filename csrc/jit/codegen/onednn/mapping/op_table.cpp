@@ -499,6 +499,8 @@ bool quantize(const Node* n, OpSpec& s) {
   auto q = quantize_params(n);
   auto out = n->output()->type()->expect<TensorType>()->scalarType();
   if (!q || !has_dtype(n->input(0), c10::kFloat) || (out != c10::kQUInt8 && out != c10::kQInt8)) return false;
+  if (quirks::layer_norm_quantized_output(n))
+    return s.refuse("a quantize of a layer norm's output: oneDNN runs that layer norm in its reference kernel (quirk layer_norm_quantized_output)");
   s.in(n->input(0));
   return per_tensor(s, q->scale, q->zero_point);
 }
