@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
@@ -214,21 +215,25 @@ void record_params_and_split(torch::jit::Block* block) {
 // quirks::int8_without_vnni; zero points; per-channel along another axis): the conv or matmul runs
 // in fp32. Left in the graph, PyTorch would dequantize the whole weight on every call (ResNet-18:
 // 11M values); folded here once into an fp32 constant, the weight is oneDNN's cached constant.
-bool fold_fp32_weights(torch::jit::Block* block) {
-  bool folded_any = false;
+// A weight several ops read (its dequantize copied per use) is folded once: `folded` maps each
+// int8 constant to its fp32 one, made at the graph's top, where it precedes every use.
+bool fold_fp32_weights(torch::jit::Block* block, std::unordered_map<Value*, Value*>& folded) {
   for (Node* n : block->nodes()) {
-    for (auto* b : n->blocks()) folded_any |= fold_fp32_weights(b);
+    for (auto* b : n->blocks()) fold_fp32_weights(b, folded);
     if (onednn_kind(n) != op::kind::Dequantize || n->inputs().size() != 1 || map_node(n)) continue;
     auto w = torch::jit::toIValue(n->input(0));
     if (!w || !w->isTensor() || !w->toTensor().is_quantized()) continue;
-    torch::jit::WithInsertPoint point(n);
-    at::Tensor weight = w->toTensor().dequantize();
-    Value* fp32 = block->owningGraph()->insertConstant(weight);
-    fp32->setType(TensorType::create(weight));
-    n->output()->replaceAllUsesWith(fp32);
-    folded_any = true;  // the dequantize and the int8 constant go with dead code elimination
+    Value*& fp32 = folded[n->input(0)];
+    if (!fp32) {
+      Graph* g = block->owningGraph();
+      torch::jit::WithInsertPoint point(g->block()->nodes().front());
+      at::Tensor weight = w->toTensor().dequantize();
+      fp32 = g->insertConstant(weight);
+      fp32->setType(TensorType::create(weight));
+    }
+    n->output()->replaceAllUsesWith(fp32);  // the dequantize and the int8 constant go with dead code elimination
   }
-  return folded_any;
+  return !folded.empty();
 }
 
 }  // namespace
@@ -239,7 +244,8 @@ void PrepareQuantization(std::shared_ptr<Graph>& g) {
   if (fold_int8_adds(g->block()) || folded) torch::jit::EliminateDeadCode(g);
   record_params_and_split(g->block());
   // after the recording: whether a weight stays int8 can depend on its src's codes (int8_without_vnni)
-  if (fold_fp32_weights(g->block())) torch::jit::EliminateDeadCode(g);
+  std::unordered_map<Value*, Value*> fp32_weights;
+  if (fold_fp32_weights(g->block(), fp32_weights)) torch::jit::EliminateDeadCode(g);
   GRAPH_DUMP("After PrepareQuantization", g);
 }
 
