@@ -27,10 +27,11 @@ native int8 kernels, traced and frozen: what a PyTorch user picks today), torchs
 model, torch_llga_fast torch_llga with TORCH_LLGA_INT8_EXACT=0 (residual adds as conv post-ops, their
 requantization dropped). Differences are to the eager reference model. The same model quantized by
 torchao's PT2E flow (X86InductorQuantizer's defaults; on a CPU without VNNI with reduce_range, 7-bit
-activations, as the quantizer advises there; torchao is a benchmark extra), calibrated on the same batches: pt2e_inductor runs it the way PyTorch documents (torch.compile, Inductor, freezing on),
+activations, as the quantizer advises there; torchao is a benchmark extra), calibrated on the same
+batches: pt2e_inductor runs it the way PyTorch documents (torch.compile, Inductor, freezing on),
 pt2e_llga through torch.compile(backend="torch_llga"); the columns "llga vs PT2E Inductor", "vs
-OpenVINO NNCF" and "vs ORT int8" time pt2e_llga when the run has it. The other runtimes quantize the fp32 model their own documented way
-on the same batches (benchmark extras): openvino_nncf, NNCF's post-training `nncf.quantize` of the
+OpenVINO NNCF" and "vs ORT int8" time pt2e_llga when the run has it. The other runtimes quantize
+the fp32 model their own documented way on the same batches (benchmark extras): openvino_nncf, NNCF's post-training `nncf.quantize` of the
 converted model (its defaults; model_type TRANSFORMER for the attention models), compiled as
 openvino is; onnxruntime_int8, `quantize_static` of the exported model (QDQ, int8 activations and
 weights, per-channel weights), run as onnxruntime is; their differences are to the fp32 model. An
