@@ -29,7 +29,8 @@ requantization dropped). Differences are to the eager reference model. The same 
 torchao's PT2E flow (X86InductorQuantizer's defaults; on a CPU without VNNI with reduce_range, 7-bit
 activations, as the quantizer advises there; torchao is a benchmark extra), calibrated on the same
 batches: pt2e_inductor runs it the way PyTorch documents (torch.compile, Inductor, freezing on),
-pt2e_llga through torch.compile(backend="torch_llga"); the columns "llga vs PT2E Inductor", "vs
+pt2e_llga through torch.compile(backend="torch_llga"), pt2e_llga_export through
+torch_llga.compile(torch.export.export(...)) (no Dynamo on each call); the columns "llga vs PT2E Inductor", "vs
 OpenVINO NNCF" and "vs ORT int8" time pt2e_llga when the run has it. The other runtimes quantize
 the fp32 model their own documented way on the same batches (benchmark extras): openvino_nncf, NNCF's post-training `nncf.quantize` of the
 converted model (its defaults; model_type TRANSFORMER for the attention models), compiled as
@@ -64,11 +65,11 @@ from torch_llga import _optional
 from torch_llga.bench_models import MODELS, PACKAGE
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
-            "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "openvino", "onnxruntime",
-            "openvino_nncf", "onnxruntime_int8", "zentorch", "torch_llga_no_plans"]
-INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "openvino_nncf",
-             "onnxruntime_int8"}
-PT2E = {"pt2e_inductor", "pt2e_llga"}  # run the PT2E-quantized model (torchao), not FX's
+            "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "pt2e_llga_export", "openvino",
+            "onnxruntime", "openvino_nncf", "onnxruntime_int8", "zentorch", "torch_llga_no_plans"]
+INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "pt2e_llga_export",
+             "openvino_nncf", "onnxruntime_int8"}
+PT2E = {"pt2e_inductor", "pt2e_llga", "pt2e_llga_export"}  # run the PT2E-quantized model (torchao), not FX's
 OWN_INT8 = {"torchscript_fp32", "openvino_nncf", "onnxruntime_int8"}  # take the fp32 model (and quantize it themselves)
 NOT_DEFAULT = INT8_ONLY | {"torch_llga_no_plans"}  # asked for by name
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
@@ -94,6 +95,8 @@ class Backend:
                 self.fn = torch.compile(model)
             elif name in ("torch_llga_compile", "pt2e_llga"):  # torch_llga as a torch.compile backend (dynamo.py)
                 self.fn = torch.compile(model, backend="torch_llga")
+            elif name == "pt2e_llga_export":  # the same model through torch.export and torch_llga.compile: no Dynamo per call
+                self.fn = torch_llga.compile(torch.export.export(model, tuple(inputs)))
             elif name == "pt2e_inductor":  # PyTorch's documented x86 int8 recipe: PT2E, then Inductor, frozen
                 import torch._inductor.config as inductor_config
 
@@ -527,7 +530,7 @@ def markdown(rows, backends, args):
            f"ratios: median of per-round ratios, ~ where their middle half spans 1.00x"
     cols = ratio_columns(backends)
     # Preparation and first calls: torch_llga's and the built-in fuser's, and the other runtimes' in this run.
-    llga_runs = [b for b in ("torch_llga", "pt2e_llga") if b in backends] or ["torch_llga"]
+    llga_runs = [b for b in ("torch_llga", "pt2e_llga", "pt2e_llga_export") if b in backends] or ["torch_llga"]
     warm = llga_runs + ["builtin_onednn"] + [b for b in ("openvino", "onnxruntime", "openvino_nncf", "onnxruntime_int8",
                                                          "zentorch") if b in backends]
     warm_heading = " / ".join({"torch_llga": "llga", "builtin_onednn": "built-in"}.get(b, b) for b in warm)
