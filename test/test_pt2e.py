@@ -191,15 +191,14 @@ def test_pt2e_reduce_range_encoder_linears_run_int8():
     assert sum(g.count("linear") for g in int8_linears) == 7
 
 
-@pytest.mark.parametrize("config", [dict(is_dynamic=True)], ids=["dynamic"])
-def test_pt2e_forms_kept_in_pytorch_stay_right(config):
+def test_pt2e_dynamic_quantization_stays_right():
     # Runtime scales (dynamic quantization) are not quantized tensors' constants: those ops stay
     # PyTorch's, as PT2E wrote them, and the result is the reference's: its linears run fused in
     # fp32, so a sum in another order can flip a code at a rounding boundary. 2e-2: a few such flips
     # (the head's weights are under 0.13, its input's steps a few hundredths); a wrong quantization
     # is off by far more.
     x = torch.randn(2, 16, 64)
-    reference = pt2e(TinyEncoder(), x, **config)
+    reference = pt2e(TinyEncoder(), x, is_dynamic=True)
     out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
     with torch.no_grad():
         expected = reference(x)

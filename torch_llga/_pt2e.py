@@ -97,16 +97,17 @@ def lower(graph, is_constant):
     is_constant(node): is this node a constant of the graph (a frozen state input)? Returns the
     number of ops rewritten."""
     rewritten = 0
-    # read off PT2E's own ops, before they are rewritten
-    clamps = {node: _clamp_bounds(node.args[0], *_params(node)) for node in graph.nodes
-              if _is(node, "quantize_per_tensor") and _params(node) and _within_range(*_params(node)[2:])}
-    for node in list(graph.nodes):
+    quantizes = {}  # each quantize to rewrite: its parameters and clamp, read off PT2E's own ops first
+    for node in graph.nodes:
         params = _params(node) if _is(node, "quantize_per_tensor") else None
         if params and _within_range(*params[2:]) and _fp32(node.args[0]):
+            quantizes[node] = params, _clamp_bounds(node.args[0], *params)
+    for node in list(graph.nodes):
+        if node in quantizes:
+            params, bounds = quantizes[node]
             scale, zero_point, _, _, dtype = params
             with graph.inserting_before(node):
                 x = node.args[0]
-                bounds = clamps[node]
                 if bounds:
                     x = graph.call_function(torch.clamp, (x,), bounds)
                     x.meta = node.args[0].meta.copy()

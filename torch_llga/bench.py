@@ -30,10 +30,10 @@ torchao's PT2E flow (X86InductorQuantizer's defaults; on a CPU without VNNI with
 activations, as the quantizer advises there; torchao is a benchmark extra), calibrated on the same
 batches: pt2e_inductor runs it the way PyTorch documents (torch.compile, Inductor, freezing on),
 pt2e_llga through torch.compile(backend="torch_llga"), pt2e_llga_export through
-torch_llga.compile(torch.export.export(...)) (no Dynamo on each call); the columns "llga vs PT2E Inductor", "vs
-OpenVINO NNCF" and "vs ORT int8" time pt2e_llga when the run has it. The other runtimes quantize
-the fp32 model their own documented way on the same batches (benchmark extras): openvino_nncf, NNCF's post-training `nncf.quantize` of the
-converted model (its defaults; model_type TRANSFORMER for the attention models), compiled as
+torch_llga.compile(torch.export.export(...)) (no Dynamo on each call); the columns "llga vs PT2E
+Inductor", "vs OpenVINO NNCF" and "vs ORT int8" time pt2e_llga when the run has it. The other
+runtimes quantize the fp32 model their own documented way on the same batches (benchmark extras):
+openvino_nncf, NNCF's post-training `nncf.quantize` of the converted model (its defaults; model_type TRANSFORMER for the attention models), compiled as
 openvino is; onnxruntime_int8, `quantize_static` of the exported model (QDQ, int8 activations and
 weights, per-channel weights), run as onnxruntime is; their differences are to the fp32 model. An
 int8 run also lists each backend's drift from the fp32 model; --drift-inputs 1000 measures it over
@@ -386,8 +386,8 @@ def quantized_pt2e(model, inputs):
     # fusion patterns fail on an op nothing reads (IndexError in _get_output_nodes_of_partitions).
     exported.graph.eliminate_dead_code()
     exported.recompile()
-    reduce_range = not torch_llga.config()["int8_vnni"]
-    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config(reduce_range=reduce_range))
+    config = xiq.get_default_x86_inductor_quantization_config(reduce_range=not torch_llga.config()["int8_vnni"])
+    quantizer = xiq.X86InductorQuantizer().set_global(config)
     prepared = prepare_pt2e(exported, quantizer)
     with torch.no_grad():
         for batch in calibration_batches(inputs):

@@ -70,8 +70,9 @@ bool dilated_unit_kernel();
 bool gelu_post_op_slow(const Node* gelu);   // gelu(matmul(..)), fp32, AVX2 kernels: slower than PyTorch's
 bool layer_norm_quantized_output(const Node* quantize);  // quantize(layer_norm(..)): a reference kernel
 // While one is alive (on this thread), rules that keep an op from oneDNN for speed alone
-// (gelu_post_op_slow, layer_norm_quantized_output) hold back: a group fused at its profiled sizes is judged again at new ones
-// for values only (runtime/new_sizes.cpp), not sent unfused for being slower there.
+// (gelu_post_op_slow, layer_norm_quantized_output) hold back: a group fused at its profiled sizes
+// is judged again at new ones for values only (runtime/new_sizes.cpp), not sent unfused for being
+// slower there.
 struct ValuesOnly {
   ValuesOnly();
   ~ValuesOnly();

@@ -178,8 +178,8 @@ std::optional<QuantParams> quantize_params(const Node* n);
 // the quantize that produced the input (the dequantize may later sit in a group without it).
 inline const c10::Symbol kQuantScale = c10::Symbol::attr("llga_scale");
 inline const c10::Symbol kQuantZeroPoint = c10::Symbol::attr("llga_zero_point");
-// ... and, where that quantize reads a clamp below its dtype's top (PT2E's reduce_range), the
-// largest code it can give (quirks::int8_without_vnni spares u8 codes below 128).
+// ... and, where a clamp (PT2E's reduce_range), or a pool, view or ReLU of codes so bounded, caps
+// that quantize's input, the largest u8 code it can give (int8_without_vnni spares codes below 128).
 inline const c10::Symbol kQuantMaxCode = c10::Symbol::attr("llga_max_code");
 
 bool is_tensor(const Value* v);
