@@ -167,7 +167,8 @@ def test_pt2e_reduce_range_runs_int8_kernels_on_every_cpu():
     x = torch.randn(1, 3, 32, 32)
     reference = pt2e(resnet18(), x, reduce_range=True)
     fallbacks = torch_llga.stats()["kernel_fallbacks"]
-    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    compiled = torch.compile(reference, backend="torch_llga")
+    out, graph = warm(compiled, x)
     assert torch_llga.stats()["kernel_fallbacks"] == fallbacks
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
@@ -179,6 +180,40 @@ def test_pt2e_reduce_range_runs_int8_kernels_on_every_cpu():
     assert sum(g.count("_convolution") for g in int8_groups) == 20, groups
     assert sum(g.count("clamp") for g in int8_groups) >= 17  # every conv's output clamped to 7 bits in its kernel
     assert not [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed")]
+    # Each block's residual add accumulates into the codes it adds (no copy of them first).
+    with torch.no_grad():
+        before = torch_llga.stats()["inplace_outputs"]
+        compiled(x)
+    assert torch_llga.stats()["inplace_outputs"] - before == 8
+
+
+class SharedResidual(nn.Module):
+    """A residual add whose added tensor another conv reads afterwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 16, 3, padding=1)
+        self.c1, self.c2, self.c3, self.c4 = (nn.Conv2d(16, 16, 3, padding=1) for _ in range(4))
+
+    def forward(self, x):
+        y = torch.relu(self.c0(x))
+        return self.c3(torch.relu(self.c2(torch.relu(self.c1(y))) + y)) + self.c4(y)
+
+
+def test_pt2e_residual_add_keeps_codes_read_later():
+    # The add's output may take y's memory only when nothing reads y afterwards; here c4 does.
+    # Equal to the reference: int8 kernels sum exactly, and fp32 adds the last two convs.
+    x = torch.randn(1, 3, 16, 16)
+    reference = pt2e(SharedResidual(), x, reduce_range=True)
+    compiled = torch.compile(reference, backend="torch_llga")
+    out, graph = warm(compiled, x)
+    assert ["_convolution", "add", "clamp", "dequantize", "dequantize", "dequantize", "quantize_per_tensor",
+            "relu"] in groups_of(graph), groups_of(graph)
+    with torch.no_grad():
+        before = torch_llga.stats()["inplace_outputs"]
+        out = compiled(x)
+        assert torch_llga.stats()["inplace_outputs"] == before
+        torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-6)
 
 
 def test_pt2e_reduce_range_encoder_linears_run_int8():

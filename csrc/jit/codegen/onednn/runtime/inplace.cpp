@@ -3,6 +3,9 @@
 // memory change. Decided by reference counts, on every call, for the pairs the compile kept.
 #include "jit/codegen/onednn/runtime/inplace.h"
 
+#include <ATen/quantized/QTensorImpl.h>
+#include <ATen/quantized/Quantizer.h>
+#include <c10/core/CPUAllocator.h>
 #include <atomic>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
@@ -11,24 +14,52 @@ namespace llga {
 
 using dnnl::graph::logical_tensor;
 
-// Whether input t (from stack slot arg) may become output lt, computed in its memory: t is an LLGA
-// tensor (memory this library allocated: a dense tensor from elsewhere may share its buffer beyond
-// what the counts show, as a copy-on-write clone or a file mapping does) in lt's very layout, and
-// nothing but this call holds it. The references expected are the call's (`inputs`), the stack
-// slot's and, for a guard's output, the interpreter's register for it (see kGuardedInputs); any
-// other (a register of a value read later, a forked task, a view of the storage, a weak reference)
-// makes it shared.
+namespace {
+
+// Whether t (from stack slot arg) is held by this call alone. The references expected are the
+// call's (`inputs`), the stack slot's and, for a guard's output, the interpreter's register for it
+// (see kGuardedInputs); any other (a register of a value read later, a forked task, a view of the
+// storage, a weak reference) makes it shared.
+bool sole_reference(const at::Tensor& t, const c10::IValue& arg, bool guarded) {
+  bool sole = arg.isTensor() && arg.unsafeToTensorImpl() == t.unsafeGetTensorImpl() &&
+              t.use_count() == static_cast<size_t>(2 + guarded) && t.weak_use_count() == 1 && t.storage().use_count() == 1;
+  // Writes after this must follow the release of the other references (a forked task's, say).
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return sole;
+}
+
+}  // namespace
+
+// Whether input t may become output lt, computed in its memory: t is an LLGA tensor (memory this
+// library allocated: a dense tensor from elsewhere may share its buffer beyond what the counts
+// show, as a copy-on-write clone or a file mapping does) in lt's very layout, held by this call
+// alone.
 bool reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, const logical_tensor& lt) {
-  if (!is_llga_tensor(t) || !arg.isTensor() || arg.unsafeToTensorImpl() != t.unsafeGetTensorImpl()) return false;
+  if (!is_llga_tensor(t)) return false;
   const auto& d = llga_impl(t).desc();
   bool same_layout = d.get_data_type() == lt.get_data_type() && d.get_dims() == lt.get_dims() &&
                      d.get_layout_type() == lt.get_layout_type() &&
                      (lt.get_layout_type() == logical_tensor::layout_type::opaque ? d.get_layout_id() == lt.get_layout_id()
                                                                                  : d.get_strides() == lt.get_strides());
-  bool sole = t.use_count() == static_cast<size_t>(2 + guarded) && t.weak_use_count() == 1 && t.storage().use_count() == 1;
-  // Writes below must follow the release of the other references (a forked task's, say).
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return same_layout && sole;
+  return same_layout && sole_reference(t, arg, guarded);
+}
+
+// A quantized tensor is dense, so its memory is known by where it came from: the CPU allocator's
+// deleter rules out a copy-on-write clone (cow's deleter), a file mapping and from_blob memory.
+bool quantized_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, c10::ScalarType dtype,
+                                  c10::IntArrayRef sizes, c10::MemoryFormat format) {
+  if (!t.defined() || !t.is_quantized() || t.qscheme() != at::kPerTensorAffine || t.scalar_type() != dtype ||
+      t.sizes() != sizes || t.storage_offset() != 0 || !t.is_contiguous(format))
+    return false;
+  auto deleter = c10::GetCPUAllocator()->raw_deleter();
+  return deleter != nullptr && t.storage().data_ptr().get_deleter() == deleter && sole_reference(t, arg, guarded);
+}
+
+at::Tensor quantized_output_in(const at::Tensor& t, double scale, int64_t zero_point) {
+  auto out = at::detail::make_tensor<at::QTensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype(),
+                                                       at::make_per_tensor_affine_quantizer(scale, zero_point, t.scalar_type()));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
+  return out;
 }
 
 }  // namespace llga

@@ -163,7 +163,7 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
       size_t p_in = in - in_ids.begin(), p_out = out - out_ids.begin();
       // Only an input no other port of the group reads (conv(x) + x must not overwrite x early).
       size_t i = in_ports_[p_in].input;
-      if (i == kConstantPort || inputs_[i].ports != 1 || out_ports_[p_out].qparams) continue;
+      if (i == kConstantPort || inputs_[i].ports != 1) continue;
       c->inplace.emplace_back(p_in, p_out);
     }
     GRAPH_DEBUG("Compiled a partition of ", part->partition.get_ops_num(), " ops for ", c->in.size(), " inputs; outputs: ",
@@ -232,8 +232,16 @@ void FusionKernel::execute(CompiledPartition& c, const Inputs& inputs, c10::Arra
   c10::SmallVector<at::Tensor, 4> outs(c.out.size());
   for (auto [p_in, p_out] : c.inplace) {
     size_t i = in_ports_[p_in].input;
-    if (!out_ports_[p_out].opaque || !reusable_as_output(inputs[i], args[i], inputs_[i].guarded, c.out[p_out].lt)) continue;
-    outs[p_out] = inputs[i];
+    const OutPort& port = out_ports_[p_out];
+    const CompiledPartition::Out& o = c.out[p_out];
+    if (port.opaque && reusable_as_output(inputs[i], args[i], inputs_[i].guarded, o.lt)) {
+      outs[p_out] = inputs[i];
+    } else if (port.qparams && quantized_reusable_as_output(inputs[i], args[i], inputs_[i].guarded, port.dtype, o.sizes, o.format)) {
+      // An int8 residual add: the added codes are read before the output's are written over them.
+      outs[p_out] = quantized_output_in(inputs[i], port.qparams->scale, port.qparams->zero_point);
+    } else {
+      continue;
+    }
     runtime::stats().inplace_outputs.fetch_add(1, std::memory_order_relaxed);
   }
   for (size_t p = 0; p < c.out.size(); ++p) {
