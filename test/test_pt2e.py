@@ -66,6 +66,11 @@ def groups_of(graph):
                   for g in graph.findAllNodes("llga::FusionGroup", True))
 
 
+def int8_row_linear_group():
+    """The group of an int8 linear of a few rows, fp32 out: without VNNI a 1x1 conv (Int8RowLinears)."""
+    return ["dequantize", "dequantize", "linear"] if torch_llga.config()["int8_vnni"] else ["conv2d", "dequantize", "dequantize"]
+
+
 def left_in_pytorch(graph):
     return sorted(n.kind() for n in graph.nodes() if n.kind().split("::")[0] in ("aten", "quantized_decomposed"))
 
@@ -129,7 +134,7 @@ def test_pt2e_resnet18_runs_int8_kernels():
     # pattern, so the residual add is a post-op of the conv's int8 kernel, as in Inductor.
     assert sum(g.count("_convolution") for g in groups) == 20
     assert sum(g.count("add") for g in groups) == 8
-    assert ["dequantize", "dequantize", "linear"] in groups  # int8 in, fp32 logits out
+    assert int8_row_linear_group() in groups  # the head: int8 in, fp32 logits out
     for g in groups:
         assert g == ["dequantize", "dequantize", "linear"] or ("dequantize" in g and "quantize_per_tensor" in g), g
     # Left to PyTorch: the input's quantize, and the flatten between the pool's and the linear's
@@ -175,7 +180,7 @@ def test_pt2e_reduce_range_runs_int8_kernels_on_every_cpu():
     groups = groups_of(graph)
     assert ["dequantize", "max_pool2d", "quantize_per_tensor"] in groups
     assert sum(g.count("_convolution") for g in groups) == 20
-    assert ["dequantize", "dequantize", "linear"] in groups  # int8 in, fp32 logits out
+    assert int8_row_linear_group() in groups  # the head: int8 in, fp32 logits out
     int8_groups = [g for g in groups if g.count("dequantize") >= 2 and "quantize_per_tensor" in g]
     assert sum(g.count("_convolution") for g in int8_groups) == 20, groups
     assert sum(g.count("clamp") for g in int8_groups) >= 17  # every conv's output clamped to 7 bits in its kernel
@@ -214,6 +219,18 @@ def test_pt2e_residual_add_keeps_codes_read_later():
         out = compiled(x)
         assert torch_llga.stats()["inplace_outputs"] == before
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [4, 32])
+def test_pt2e_int8_linear_of_few_rows(rows):
+    # Without VNNI oneDNN's int8 matmul of a few rows copies its weight on every call: up to 16 rows
+    # run as a 1x1 conv instead (Int8RowLinears). The same integer sums: equal to the reference.
+    x = torch.randn(rows, 256)
+    reference = pt2e(nn.Sequential(nn.ReLU(), nn.Linear(256, 64)), x, reduce_range=True)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    assert groups_of(graph) == [int8_row_linear_group() if rows <= 16 else ["dequantize", "dequantize", "linear"]]
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-5)
 
 
 def test_pt2e_reduce_range_encoder_linears_run_int8():
@@ -261,4 +278,4 @@ def test_bench_quantizes_a_model_that_computes_and_drops_a_value():
     out, graph = warm(torch.compile(quantized, backend="torch_llga"), x)
     with torch.no_grad():
         torch.testing.assert_close(out, quantized(x), rtol=0, atol=1e-5)
-    assert ["dequantize", "dequantize", "linear"] in groups_of(graph)
+    assert int8_row_linear_group() in groups_of(graph)

@@ -91,6 +91,7 @@ void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero 
 void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops
 void PlanSmallGraph(std::shared_ptr<Graph>& g);    // a graph of tiny tensors -> one llga::SmallPlan
 void RowLinears(std::shared_ptr<Graph>& g);        // linears of 1-4 rows over large fp32/bf16 weights -> llga::row_linear
+void Int8RowLinears(std::shared_ptr<Graph>& g);    // int8 linears of 1-16 rows, no VNNI -> 1x1 int8 convolutions
 void WidenBf16Linears(std::shared_ptr<Graph>& g);  // other bf16 linears, no oneDNN bf16 kernels -> llga::widened_linear
 void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque

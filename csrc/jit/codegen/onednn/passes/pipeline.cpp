@@ -28,6 +28,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   DeferSizeCheck(g);
   PlanSmallGraph(g);
   RowLinears(g);
+  Int8RowLinears(g);
   WidenBf16Linears(g);
   FuseGraph(g);
   PropagateLayout(g);
