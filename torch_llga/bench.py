@@ -505,16 +505,24 @@ def ratio_columns(backends):
     return [(h, b) for h, b in cols if b in backends]
 
 
+INT8_PEERS = ("pt2e_inductor", "openvino_nncf", "onnxruntime_int8")
+
+
 def llga_side(base, backends):
     """The torch_llga backend a "llga vs base" column times: against the int8 peers, the PT2E model
     through torch_llga when the run has it (the same quantization flow as Inductor's), else torch_llga."""
-    int8_peers = {"pt2e_inductor", "openvino_nncf", "onnxruntime_int8"}
-    return "pt2e_llga" if base in int8_peers and ("pt2e_llga" in backends or base == "pt2e_inductor") else "torch_llga"
+    return "pt2e_llga" if base in INT8_PEERS and ("pt2e_llga" in backends or base == "pt2e_inductor") else "torch_llga"
 
 
-def compile_columns(backends):
-    """The "llga_compile vs Inductor" column: torch_llga's torch.compile backend beside Inductor's."""
-    return [("Inductor", "torch_compile")] if {"torch_compile", "torch_llga_compile"} <= set(backends) else []
+def door_columns(backends):
+    """(heading, baseline, torch_llga backend) of the columns for torch_llga's other doors: its
+    torch.compile backend beside Inductor's, and the PT2E model through torch.export and
+    torch_llga.compile beside each int8 peer."""
+    cols = [("llga_compile vs Inductor", "torch_compile", "torch_llga_compile")] \
+        if {"torch_compile", "torch_llga_compile"} <= set(backends) else []
+    if "pt2e_llga_export" in backends:
+        cols += [(f"llga_export vs {h}", b, "pt2e_llga_export") for h, b in ratio_columns(backends) if b in INT8_PEERS]
+    return cols
 
 
 def cpu_name():
@@ -534,18 +542,18 @@ def markdown(rows, backends, args):
     warm = llga_runs + ["builtin_onednn"] + [b for b in ("openvino", "onnxruntime", "openvino_nncf", "onnxruntime_int8",
                                                          "zentorch") if b in backends]
     warm_heading = " / ".join({"torch_llga": "llga", "builtin_onednn": "built-in"}.get(b, b) for b in warm)
-    compile_cols = compile_columns(backends)
+    door_cols = door_columns(backends)
     lines = [head, "", "| model | " + " | ".join(backends) + "".join(f" | llga vs {h}" for h, _ in cols) +
-             "".join(f" | llga_compile vs {h}" for h, _ in compile_cols) +
+             "".join(f" | {h}" for h, _, _ in door_cols) +
              f" | llga GFLOP/s | first 2 calls ms ({warm_heading}) |",
-             "|---" * (len(backends) + len(cols) + len(compile_cols) + 3) + "|"]
+             "|---" * (len(backends) + len(cols) + len(door_cols) + 3) + "|"]
     for row in rows:
         cells = []
         for b in backends:
             res = row["results"].get(b, {})
             cells.append(f"{res['median_ms']:.3f}" if "median_ms" in res else f"failed: {res.get('error', '?')}")
         spreads = [ratio_spread(row, base, llga_side(base, backends)) for _, base in cols] + \
-                  [ratio_spread(row, base, "torch_llga_compile") for _, base in compile_cols]
+                  [ratio_spread(row, base, llga) for _, base, llga in door_cols]
         llga = row["results"].get("torch_llga", {})
         gflops = f"{row['flops'] / llga['median_ms'] / 1e6:.0f}" if "median_ms" in llga and row["flops"] else "-"
         warmups = "/".join(f"{row['results'].get(b, {}).get('warmup_ms', float('nan')):.0f}" for b in warm)
