@@ -82,14 +82,16 @@ def test_bench_int8_columns_time_each_door_against_each_peer():
     from torch_llga.bench import markdown
 
     # Each backend 1 ms slower than the one before it, in every round.
-    backends = ["pt2e_llga", "pt2e_llga_export", "openvino_nncf", "onnxruntime_int8"]
+    backends = ["torchscript_fp32", "pt2e_llga", "pt2e_llga_export", "openvino_nncf", "onnxruntime_int8"]
     results = {b: {"median_ms": 1.0 + i, "times": [1.0 + i] * 3, "warmup_ms": 9.0} for i, b in enumerate(backends)}
     table = markdown([{"model": "m", "flops": 0, "results": results}], backends,
                      argparse.Namespace(dtype="int8", batch=1, batches=[1], rounds=3, drift_inputs=0))
     head, _, row = table.splitlines()[2:5]
     cells = dict(zip(head.strip("| ").split(" | "), row.strip("| ").split(" | ")))
-    assert cells["llga vs OpenVINO NNCF"] == "3.00x" and cells["llga vs ORT int8"] == "4.00x"  # pt2e_llga's
-    assert cells["llga_export vs OpenVINO NNCF"] == "1.50x" and cells["llga_export vs ORT int8"] == "2.00x"
+    # pt2e_llga's (the run has no torch_llga), then pt2e_llga_export's.
+    assert cells["llga vs TS fp32"] == "0.50x"
+    assert cells["llga vs OpenVINO NNCF"] == "2.00x" and cells["llga vs ORT int8"] == "2.50x"
+    assert cells["llga_export vs OpenVINO NNCF"] == "1.33x" and cells["llga_export vs ORT int8"] == "1.67x"
 
 
 def test_layer_times_averages_each_position_of_the_repeated_call():

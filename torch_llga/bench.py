@@ -509,9 +509,11 @@ INT8_PEERS = ("pt2e_inductor", "openvino_nncf", "onnxruntime_int8")
 
 
 def llga_side(base, backends):
-    """The torch_llga backend a "llga vs base" column times: against the int8 peers, the PT2E model
-    through torch_llga when the run has it (the same quantization flow as Inductor's), else torch_llga."""
-    return "pt2e_llga" if base in INT8_PEERS and ("pt2e_llga" in backends or base == "pt2e_inductor") else "torch_llga"
+    """The torch_llga backend a "llga vs base" column times: against the int8 peers (and in a run
+    without torch_llga, against any baseline), the PT2E model through torch_llga when the run has it
+    (the same quantization flow as Inductor's), else torch_llga."""
+    pt2e = "pt2e_llga" in backends or base == "pt2e_inductor"
+    return "pt2e_llga" if pt2e and (base in INT8_PEERS or "torch_llga" not in backends) else "torch_llga"
 
 
 def door_columns(backends):
