@@ -221,14 +221,17 @@ def test_pt2e_residual_add_keeps_codes_read_later():
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows", [4, 32])
-def test_pt2e_int8_linear_of_few_rows(rows):
+@pytest.mark.parametrize("rows,then", [(4, None), (32, None), (4, nn.ReLU())])
+def test_pt2e_int8_linear_of_few_rows(rows, then):
     # Without VNNI oneDNN's int8 matmul of a few rows copies its weight on every call: up to 16 rows
-    # run as a 1x1 conv instead (Int8RowLinears). The same integer sums: equal to the reference.
+    # run as a 1x1 conv instead (Int8RowLinears), unless ops after it would be its post-ops (the
+    # ReLU). The same integer sums: equal to the reference.
     x = torch.randn(rows, 256)
-    reference = pt2e(nn.Sequential(nn.ReLU(), nn.Linear(256, 64)), x, reduce_range=True)
+    layers = [nn.ReLU(), nn.Linear(256, 64)] + ([then] if then else [])
+    reference = pt2e(nn.Sequential(*layers), x, reduce_range=True)
     out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
-    assert groups_of(graph) == [int8_row_linear_group() if rows <= 16 else ["dequantize", "dequantize", "linear"]]
+    expected = ["dequantize", "dequantize", "linear"] + (["relu"] if then else [])
+    assert groups_of(graph) == [int8_row_linear_group() if rows <= 16 and not then else expected]
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-5)
 

@@ -7,7 +7,9 @@
 // constant cache) and reads it as it is. Measured (AMD EPYC Zen 3, AVX2, 2 threads, [M, 2048] x
 // [1000, 2048], per primitive): M=1 95 -> 38 us, M=4 293 -> 106, M=16 450 -> 318, M=64 level.
 // Both sum the same integer products exactly and scale them alike, so the results are equal.
-// With VNNI oneDNN's matmul packs int8 weights once too: the linears stay as they are.
+// With VNNI oneDNN's matmul packs int8 weights once too: the linears stay as they are. So does a
+// linear whose output an op the table maps reads (an activation, an add, the next quantize: its
+// post-ops, which would follow the flatten, apart from the kernel).
 // After PrepareQuantization (the dequantizes' recorded parameters stay on them) and before the
 // fuser; the reshape of the quantized input and the flatten of the output run in PyTorch (views).
 #include <torch/csrc/jit/ir/ir.h>
@@ -15,11 +17,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <vector>
 
-#include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
+#include "onednn/torch_onednn.h"
 
 namespace llga {
 
@@ -45,13 +48,22 @@ std::optional<at::Tensor> quantized_weight(const Value* v) {
   return w->toTensor();
 }
 
+bool read_by_mapped_ops(const Value* y) {
+  const auto& uses = y->uses();
+  return std::any_of(uses.begin(), uses.end(), [](const torch::jit::Use& use) {
+    const OpEntry* e = find_entry(use.user);
+    return e && e->maps_to_onednn();
+  });
+}
+
 bool row_linear(const Node* n) {
   if (n->kind() != c10::aten::linear || n->inputs().size() != 3) return false;
   auto x = n->input(0)->type()->cast<TensorType>();
   auto y = n->output()->type()->cast<TensorType>();
   if (!x || !x->isComplete() || *x->dim() != 2 || !y || !y->isComplete()) return false;
   int64_t rows = *x->sizes()[0];
-  return rows >= 1 && rows <= kMaxRows && is_recorded_dequantize(n->input(0)) && quantized_weight(n->input(1));
+  return rows >= 1 && rows <= kMaxRows && is_recorded_dequantize(n->input(0)) && quantized_weight(n->input(1)) &&
+         !read_by_mapped_ops(n->output());
 }
 
 TensorType::TypePtr contiguous_type(const TensorType& like, at::ScalarType dtype, std::vector<int64_t> sizes) {
@@ -96,7 +108,7 @@ void find(torch::jit::Block* block, std::vector<Node*>& found) {
 }  // namespace
 
 void Int8RowLinears(std::shared_ptr<Graph>& g) {
-  if (quirks::int8_without_vnni()) {
+  if (!onednn::cpu().int8_vnni) {
     std::vector<Node*> found;
     find(g->block(), found);
     for (Node* n : found) take(g, n);
