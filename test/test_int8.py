@@ -262,6 +262,33 @@ def test_dequantized_input_of_an_fp32_weight_conv():
     assert not weight_zero_points(fused.graph)
 
 
+class QuantizedHead(nn.Module):
+    """An int8 classifier head written with quantized tensors: 7-bit codes in, fp32 logits out."""
+
+    def __init__(self, k=256, n=64):
+        super().__init__()
+        w = torch.randn(n, k) / 16
+        scales = w.abs().amax(1) / 127
+        self.w = torch.quantize_per_channel(w, scales, torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+        self.b = torch.randn(n)
+
+    def forward(self, x):
+        q = torch.quantize_per_tensor(torch.clamp(torch.relu(x), max=127 * 0.02), 0.02, 0, torch.quint8)
+        return F.linear(q.dequantize(), self.w.dequantize(), self.b)
+
+
+def test_int8_head_called_with_another_rank():
+    # Without VNNI the head's 4 rows run as a 1x1 conv (Int8RowLinears), its reshapes outside the
+    # group's guard: a call with 2 x 3 rows gets linear's [2, 3, 64], the reference's values.
+    model = QuantizedHead().eval()
+    fused = Fused(model, (torch.randn(4, 256),))
+    head = ["dequantize", "dequantize", "linear"] if torch_llga.config()["int8_vnni"] else ["conv2d", "dequantize", "dequantize"]
+    assert head in sorted_groups(fused)
+    for x in (torch.randn(4, 256), torch.randn(2, 3, 256), torch.randn(256)):
+        with torch.no_grad():
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 @requires_int8_kernels
 @pytest.mark.parametrize("policy", ["compile", "fallback"])
 def test_other_batch_size(policy):

@@ -1,17 +1,22 @@
 // Int8RowLinears: an int8 linear of 1 to 16 rows (a classifier's head: ResNet's and MobileNet's
 // last layer) on a CPU without VNNI -> a 1x1 int8 convolution over the same memory:
 //   linear(dequantize(x), dequantize(w), b)  [M, K] x [N, K]
-//   -> flatten(conv2d(dequantize(reshape(x, [-1, K, 1, 1])), dequantize(w as [N, K, 1, 1]), b), 1)
+//   -> reshape(conv2d(dequantize(reshape(x, [-1, K, 1, 1])), dequantize(w as [N, K, 1, 1]), b),
+//              x.size()[:-1] + [N])
 // There oneDNN runs an int8 matmul of a few rows as its generic integer GEMM, which copies the
 // whole weight into its packed form on every call; its 1x1 convolution packs the weight once (the
 // constant cache) and reads it as it is. Measured (AMD EPYC Zen 3, AVX2, 2 threads, [M, 2048] x
 // [1000, 2048], per primitive): M=1 95 -> 38 us, M=4 293 -> 106, M=16 450 -> 318, M=64 level.
-// Both sum the same integer products exactly and scale them alike, so the results are equal.
-// With VNNI oneDNN's matmul packs int8 weights once too: the linears stay as they are. So does a
-// linear whose output an op the table maps reads (an activation, an add, the next quantize: its
-// post-ops, which would follow the flatten, apart from the kernel).
-// After PrepareQuantization (the dequantizes' recorded parameters stay on them) and before the
-// fuser; the reshape of the quantized input and the flatten of the output run in PyTorch (views).
+// Where oneDNN takes the weights as int8 (u8 codes below 128 here: int8_weights_exact) both sum
+// the same integer products exactly and scale them alike, so the results are equal; elsewhere both
+// run in fp32 from the same folded weights.
+// With VNNI oneDNN's matmul packs int8 weights once too: the linears stay as they are. Also left
+// alone: a linear whose output a mapped op reads (an activation, an add, the next quantize): those
+// would be its post-ops, and the reshape between them and the conv would split them off.
+// The reshapes run in PyTorch, outside the group's guard, so they keep any call right: the input's
+// leading dims are flattened into rows and the output takes them back (a call of another rank
+// included), as linear does.
+// After PrepareQuantization (the dequantizes' recorded parameters stay on them) and before the fuser.
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 
@@ -60,7 +65,8 @@ bool row_linear(const Node* n) {
   if (n->kind() != c10::aten::linear || n->inputs().size() != 3) return false;
   auto x = n->input(0)->type()->cast<TensorType>();
   auto y = n->output()->type()->cast<TensorType>();
-  if (!x || !x->isComplete() || *x->dim() != 2 || !y || !y->isComplete()) return false;
+  auto xq = n->input(0)->node()->inputs().empty() ? nullptr : n->input(0)->node()->input(0)->type()->cast<TensorType>();
+  if (!x || !x->isComplete() || *x->dim() != 2 || !y || !y->isComplete() || !xq || !xq->isComplete()) return false;
   int64_t rows = *x->sizes()[0];
   return rows >= 1 && rows <= kMaxRows && is_recorded_dequantize(n->input(0)) && quantized_weight(n->input(1)) &&
          !read_by_mapped_ops(n->output());
@@ -78,8 +84,9 @@ void take(const std::shared_ptr<Graph>& g, Node* n) {
   const at::Tensor w = *quantized_weight(n->input(1));
   const int64_t rows = *x->sizes()[0], k = w.size(1), outs = w.size(0);
 
+  Value* x_codes = dx->input(0);
   torch::jit::WithInsertPoint point(dx);
-  Node* reshape = g->create(c10::aten::reshape, {dx->input(0), g->insertConstant(c10::IntArrayRef{-1, k, 1, 1})});
+  Node* reshape = g->create(c10::aten::reshape, {x_codes, g->insertConstant(c10::IntArrayRef{-1, k, 1, 1})});
   reshape->insertBefore(dx);
   reshape->output()->setType(contiguous_type(*xq, *xq->scalarType(), {rows, k, 1, 1}));
   dx->replaceInput(0, reshape->output());
@@ -95,7 +102,10 @@ void take(const std::shared_ptr<Graph>& g, Node* n) {
                                              g->insertConstant(c10::IntArrayRef{0, 0}), ones, g->insertConstant(1)});
   conv->insertBefore(n);
   conv->output()->setType(contiguous_type(*x, at::kFloat, {rows, outs, 1, 1}));
-  replace_with(n, c10::aten::flatten, {conv->output(), g->insertConstant(1), g->insertConstant(-1)});
+  // The output's sizes: the input's but the last, then N.
+  Value* leading = g->insert(c10::aten::slice, {g->insert(c10::aten::size, {x_codes}), 0, -1, 1});
+  Value* sizes = g->insert(c10::aten::add, {leading, g->insertConstant(c10::IntArrayRef{outs})});
+  replace_with(n, c10::aten::reshape, {conv->output(), sizes});
 }
 
 void find(torch::jit::Block* block, std::vector<Node*>& found) {

@@ -44,8 +44,9 @@ bool reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarde
   return same_layout && sole_reference(t, arg, guarded);
 }
 
-// A quantized tensor is dense, so its memory is known by where it came from: the CPU allocator's
-// deleter rules out a copy-on-write clone (cow's deleter), a file mapping and from_blob memory.
+// Not an LLGA tensor, so where its memory came from stands in for "memory this library
+// allocated": the CPU allocator's deleter rules out a copy-on-write clone (cow's deleter), a file
+// mapping and from_blob memory.
 bool quantized_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, c10::ScalarType dtype,
                                   c10::IntArrayRef sizes, c10::MemoryFormat format) {
   if (!t.defined() || !t.is_quantized() || t.qscheme() != at::kPerTensorAffine || t.scalar_type() != dtype ||
@@ -55,10 +56,13 @@ bool quantized_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, b
   return deleter != nullptr && t.storage().data_ptr().get_deleter() == deleter && sole_reference(t, arg, guarded);
 }
 
-at::Tensor quantized_output_in(const at::Tensor& t, double scale, int64_t zero_point) {
-  auto out = at::detail::make_tensor<at::QTensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype(),
-                                                       at::make_per_tensor_affine_quantizer(scale, zero_point, t.scalar_type()));
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
+// The strides are the format's, as the output allocated apart would have them (t's may differ
+// where a dim is 1); the dispatch keys at::new_qtensor gives a CPU quantized tensor.
+at::Tensor quantized_output_in(const at::Tensor& t, double scale, int64_t zero_point, c10::MemoryFormat format) {
+  auto out = at::detail::make_tensor<at::QTensorImpl>(c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::QuantizedCPU),
+                                                       t.dtype(), at::make_per_tensor_affine_quantizer(scale, zero_point, t.scalar_type()));
+  out.unsafeGetTensorImpl()->set_sizes_contiguous(t.sizes());
+  out.unsafeGetTensorImpl()->empty_tensor_restride(format);
   return out;
 }
 

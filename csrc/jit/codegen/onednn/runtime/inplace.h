@@ -16,6 +16,6 @@ bool reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarde
 // scale and zero point.
 bool quantized_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, c10::ScalarType dtype,
                                   c10::IntArrayRef sizes, c10::MemoryFormat format);
-at::Tensor quantized_output_in(const at::Tensor& t, double scale, int64_t zero_point);
+at::Tensor quantized_output_in(const at::Tensor& t, double scale, int64_t zero_point, c10::MemoryFormat format);
 
 }  // namespace llga

@@ -238,7 +238,7 @@ void FusionKernel::execute(CompiledPartition& c, const Inputs& inputs, c10::Arra
       outs[p_out] = inputs[i];
     } else if (port.qparams && quantized_reusable_as_output(inputs[i], args[i], inputs_[i].guarded, port.dtype, o.sizes, o.format)) {
       // An int8 residual add: the added codes are read before the output's are written over them.
-      outs[p_out] = quantized_output_in(inputs[i], port.qparams->scale, port.qparams->zero_point);
+      outs[p_out] = quantized_output_in(inputs[i], port.qparams->scale, port.qparams->zero_point, o.format);
     } else {
       continue;
     }
