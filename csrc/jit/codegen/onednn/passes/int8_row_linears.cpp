@@ -9,7 +9,7 @@
 // [1000, 2048], per primitive): M=1 95 -> 38 us, M=4 293 -> 106, M=16 450 -> 318, M=64 level.
 // Where oneDNN takes the weights as int8 (u8 codes below 128 here: int8_weights_exact) both sum
 // the same integer products exactly and scale them alike, so the results are equal; elsewhere both
-// run in fp32 from the same folded weights.
+// compute in fp32 from the same dequantized weights (equal within fp32 rounding).
 // With VNNI oneDNN's matmul packs int8 weights once too: the linears stay as they are. Also left
 // alone: a linear whose output a mapped op reads (an activation, an add, the next quantize): those
 // would be its post-ops, and the reshape between them and the conv would split them off.
