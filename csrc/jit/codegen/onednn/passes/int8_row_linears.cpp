@@ -53,27 +53,26 @@ std::optional<at::Tensor> quantized_weight(const Value* v) {
   return w->toTensor();
 }
 
+// Whether an op oneDNN would take reads y (it would be the linear's post-op).
 bool read_by_mapped_ops(const Value* y) {
   const auto& uses = y->uses();
-  return std::any_of(uses.begin(), uses.end(), [](const torch::jit::Use& use) {
-    const OpEntry* e = find_entry(use.user);
-    return e && e->maps_to_onednn();
-  });
+  return std::any_of(uses.begin(), uses.end(), [](const torch::jit::Use& use) { return map_node(use.user).has_value(); });
 }
 
 bool row_linear(const Node* n) {
-  if (n->kind() != c10::aten::linear || n->inputs().size() != 3) return false;
+  if (n->kind() != c10::aten::linear || n->inputs().size() != 3 || !is_recorded_dequantize(n->input(0)) ||
+      !quantized_weight(n->input(1)))
+    return false;
   auto x = n->input(0)->type()->cast<TensorType>();
+  auto xq = n->input(0)->node()->input(0)->type()->cast<TensorType>();
   auto y = n->output()->type()->cast<TensorType>();
-  auto xq = n->input(0)->node()->inputs().empty() ? nullptr : n->input(0)->node()->input(0)->type()->cast<TensorType>();
-  if (!x || !x->isComplete() || *x->dim() != 2 || !y || !y->isComplete() || !xq || !xq->isComplete()) return false;
+  if (!x || !x->isComplete() || *x->dim() != 2 || !xq || !xq->isComplete() || !y || !y->isComplete()) return false;
   int64_t rows = *x->sizes()[0];
-  return rows >= 1 && rows <= kMaxRows && is_recorded_dequantize(n->input(0)) && quantized_weight(n->input(1)) &&
-         !read_by_mapped_ops(n->output());
+  return rows >= 1 && rows <= kMaxRows && !read_by_mapped_ops(n->output());
 }
 
-TensorType::TypePtr contiguous_type(const TensorType& like, at::ScalarType dtype, std::vector<int64_t> sizes) {
-  return TensorType::createContiguous(dtype, *like.device(), sizes);
+TensorType::TypePtr contiguous_type(at::ScalarType dtype, std::vector<int64_t> sizes) {
+  return TensorType::createContiguous(dtype, at::kCPU, sizes);
 }
 
 void take(const std::shared_ptr<Graph>& g, Node* n) {
@@ -88,20 +87,20 @@ void take(const std::shared_ptr<Graph>& g, Node* n) {
   torch::jit::WithInsertPoint point(dx);
   Node* reshape = g->create(c10::aten::reshape, {x_codes, g->insertConstant(c10::IntArrayRef{-1, k, 1, 1})});
   reshape->insertBefore(dx);
-  reshape->output()->setType(contiguous_type(*xq, *xq->scalarType(), {rows, k, 1, 1}));
+  reshape->output()->setType(contiguous_type(*xq->scalarType(), {rows, k, 1, 1}));
   dx->replaceInput(0, reshape->output());
-  dx->output()->setType(contiguous_type(*x, at::kFloat, {rows, k, 1, 1}));
+  dx->output()->setType(contiguous_type(at::kFloat, {rows, k, 1, 1}));
 
   torch::jit::WithInsertPoint at_weight(dw);
   dw->replaceInput(0, g->insertConstant(w.reshape({outs, k, 1, 1})));
-  dw->output()->setType(contiguous_type(*x, at::kFloat, {outs, k, 1, 1}));
+  dw->output()->setType(contiguous_type(at::kFloat, {outs, k, 1, 1}));
 
   torch::jit::WithInsertPoint at_linear(n);
   auto ones = g->insertConstant(c10::IntArrayRef{1, 1});
   Node* conv = g->create(c10::aten::conv2d, {dx->output(), dw->output(), n->input(2), ones,
                                              g->insertConstant(c10::IntArrayRef{0, 0}), ones, g->insertConstant(1)});
   conv->insertBefore(n);
-  conv->output()->setType(contiguous_type(*x, at::kFloat, {rows, outs, 1, 1}));
+  conv->output()->setType(contiguous_type(at::kFloat, {rows, outs, 1, 1}));
   // The output's sizes: the input's but the last, then N.
   Value* leading = g->insert(c10::aten::slice, {g->insert(c10::aten::size, {x_codes}), 0, -1, 1});
   Value* sizes = g->insert(c10::aten::add, {leading, g->insertConstant(c10::IntArrayRef{outs})});
