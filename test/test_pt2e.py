@@ -215,12 +215,28 @@ def test_pt2e_residual_add_in_place_unless_read_later(read_later):
     reference = pt2e(Residual(read_later), x, reduce_range=True)
     compiled = torch.compile(reference, backend="torch_llga")
     out, graph = warm(compiled, x)
-    assert ["_convolution", "add", "clamp", "dequantize", "dequantize", "dequantize", "quantize_per_tensor",
-            "relu"] in groups_of(graph), groups_of(graph)
+    assert ["_convolution", "add", "clamp", "dequantize", "dequantize", "dequantize",
+            "quantize_per_tensor"] in groups_of(graph), groups_of(graph)
     with torch.no_grad():
         before = torch_llga.stats()["inplace_outputs"]
         out = compiled(x)
         assert torch_llga.stats()["inplace_outputs"] - before == (0 if read_later else 1)
+        torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU6, nn.ReLU])
+def test_pt2e_reduce_range_clamp_takes_the_activation_in(activation):
+    # reduce_range's clamp at code 127 after a ReLU6 or ReLU is one clamp to both bounds: one
+    # post-op in the conv's kernel, not two (MobileNetV2 int8 on AVX2: 4% less time a call). Exact:
+    # equal to the reference (the last conv adds in fp32 what the int8 kernel sums exactly).
+    x = torch.randn(1, 3, 16, 16)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), activation(inplace=True),
+                          nn.Conv2d(16, 16, 3, padding=1, groups=16), activation(), nn.Conv2d(16, 8, 1))
+    reference = pt2e(model, x, reduce_range=True)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    clamped = ["_convolution", "clamp", "dequantize", "dequantize", "quantize_per_tensor"]
+    assert groups_of(graph) == [clamped, clamped, ["_convolution", "dequantize", "dequantize"]], groups_of(graph)
+    with torch.no_grad():
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-6)
 
 

@@ -12,8 +12,10 @@ Only what means the same is rewritten: a quantize of an fp32 tensor, a weight de
 constants over the dtype's full range. A quantized tensor clamps at its dtype's bounds; a reduced
 range (reduce_range's 0..127, which the quantizer advises for CPUs without VNNI) clamps earlier, so
 its quantize becomes a clamp of the fp32 values to the range's ends, then the quantize: the same
-codes (the ends are grid points). Anything else (dynamic quantization's runtime scales,
-out_dtype=bfloat16) stays as PT2E wrote it and runs in PyTorch, right and unfused.
+codes (the ends are grid points). A ReLU, ReLU6 or clamp that only the quantize reads joins that
+clamp: one clamp to both bounds, one post-op in the int8 kernel instead of two. Anything else
+(dynamic quantization's runtime scales, out_dtype=bfloat16) stays as PT2E wrote it and runs in
+PyTorch, right and unfused.
 """
 import math
 
@@ -86,6 +88,33 @@ def _clamp_bounds(x, scale, zero_point, quant_min, quant_max, dtype):
     return bounds
 
 
+# An activation that clamps (in place or not), and the bounds it clamps to, from its arguments.
+_CLAMPS = {"relu": lambda args, kwargs: (0.0, math.inf),
+           "hardtanh": lambda args, kwargs: (args[1] if len(args) > 1 else kwargs.get("min_val", -1.0),
+                                             args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)),
+           "clamp": lambda args, kwargs: (args[1] if len(args) > 1 else kwargs.get("min"),
+                                          args[2] if len(args) > 2 else kwargs.get("max"))}
+
+
+def _activation_clamp(x):
+    """(input, lowest, highest) when x is a ReLU, hardtanh (ReLU6) or clamp with constant bounds of a
+    value nothing else reads (so that its in-place form writes a tensor no other op sees); else None."""
+    target = getattr(x, "target", None)
+    if not (x.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"):
+        return None
+    name = target._schema.name.split("::")[1].rstrip("_")
+    if name not in _CLAMPS or target._overloadname not in ("default", ""):
+        return None
+    y = x.args[0]
+    lowest, highest = _CLAMPS[name](x.args, x.kwargs)
+    lowest = -math.inf if lowest is None else lowest
+    highest = math.inf if highest is None else highest
+    if not (isinstance(y, torch.fx.Node) and len(y.users) == 1 and len(x.users) == 1
+            and isinstance(lowest, (int, float)) and isinstance(highest, (int, float))):
+        return None
+    return y, float(lowest), float(highest)
+
+
 def _fp32(value):
     """Is this node's value an fp32 tensor? (PT2E quantizes bf16 too, torch.quantize_per_tensor fp32 only.)"""
     example = value.meta.get("val", value.meta.get("example_value")) if isinstance(value, torch.fx.Node) else None
@@ -108,6 +137,14 @@ def lower(graph, is_constant):
             scale, zero_point, _, _, dtype = params
             with graph.inserting_before(node):
                 x = node.args[0]
+                activation, replaced = _activation_clamp(x) if bounds else None, None
+                if activation:  # clamp(clamp(y, a, b), c, d) is clamp(y, max(a, c), min(b, d)), unless that is empty
+                    y, lowest, highest = activation
+                    lowest = max(lowest, bounds.get("min", -math.inf))
+                    highest = min(highest, bounds.get("max", math.inf))
+                    if lowest <= highest:
+                        merged = {k: v for k, v in (("min", lowest), ("max", highest)) if math.isfinite(v)}
+                        replaced, x, bounds = x, y, merged
                 if bounds:
                     x = graph.call_function(torch.clamp, (x,), bounds)
                     x.meta = node.args[0].meta.copy()
@@ -125,6 +162,8 @@ def lower(graph, is_constant):
                         ints.meta = node.meta.copy()
                         user.replace_input_with(node, ints)
             graph.erase_node(node)
+            if replaced is not None:  # the activation the clamp took over
+                graph.erase_node(replaced)
             rewritten += 1
         elif _is(node, "dequantize_per_channel") and node.kwargs.get("out_dtype") in (None, torch.float32):
             weight, scales, zero_points, axis, quant_min, quant_max, dtype = node.args[:7]
