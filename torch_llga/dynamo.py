@@ -166,6 +166,16 @@ def _numbers_out(graph):
     return recipe
 
 
+_VERSION = operator.attrgetter("_version")  # a tensor's count of in-place writes
+
+
+def _picker(indices):
+    """A function taking a sequence to the tuple of its items at `indices`."""
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    return (lambda seq: (seq[indices[0]],)) if indices else (lambda seq: ())
+
+
 class _FxScripts:
     """One FX graph whose inputs play roles: "state" (a parameter or buffer: baked in as a constant,
     checked on every call: one replaced or written in place compiles again), "tensor" (an input of the
@@ -185,6 +195,7 @@ class _FxScripts:
         roles = [("scalar",) if i in read else r for i, r in enumerate(roles)]
         self.roles, self.output_spec = roles, output_spec
         self.state = [i for i, r in enumerate(roles) if r[0] == "state"]
+        self._state_of = _picker(self.state)
         self.tensors = [i for i, r in enumerate(roles) if r[0] == "tensor"]
         self.values = [i for i, r in enumerate(roles) if r[0] == "value"]
         self.scalars = [i for i, r in enumerate(roles) if r[0] == "scalar"]
@@ -208,7 +219,7 @@ class _FxScripts:
                               for n in pytree.tree_leaves(outputs)]
         self.checked = set()  # input sizes the one script ran right at (_first_call_at)
         self.scripts = collections.OrderedDict()  # key -> frozen script, least recently used first
-        self.baked = None  # [(tensor, version)] of the state the scripts hold
+        self.baked = None  # (tensors, versions) of the state the scripts hold
         self.lock = threading.Lock()
 
     def _key(self, args):
@@ -217,16 +228,25 @@ class _FxScripts:
             key += tuple((args[i].shape, args[i].stride()) for i in self.tensors)
         return key
 
+    def _state_baked(self, args):
+        """Is the state in args what the scripts hold: the same tensors, none written since?"""
+        # map over C callables: a model's hundreds of weights checked without a Python frame each.
+        if self.baked is None:
+            return False
+        tensors, versions = self.baked
+        return all(map(operator.is_, self._state_of(args), tensors)) and list(map(_VERSION, tensors)) == versions
+
     def script(self, args):
         """The frozen script for these arguments (traced now if none fits)."""
         key = self._key(args)
         script = self.scripts.get(key)
-        if script is not None and all(args[i] is t and t._version == v for i, (t, v) in zip(self.state, self.baked)):
+        if script is not None and self._state_baked(args):
             return script
         with self.lock:
-            if self.baked is None or any(args[i] is not t or t._version != v for i, (t, v) in zip(self.state, self.baked)):
+            if not self._state_baked(args):
                 self.scripts.clear()  # a weight was replaced or written in place: every script holds it
-                self.baked = [(args[i], args[i]._version) for i in self.state]
+                tensors = self._state_of(args)
+                self.baked = tensors, list(map(_VERSION, tensors))
             key = self._key(args)
             if key not in self.scripts:
                 self.scripts[key] = self._trace(args)
@@ -507,6 +527,7 @@ class CompiledProgram:
         specs = program.graph_signature.input_specs
         values = {**program.state_dict, **program.constants}
         self.state = [values[s.target] if s.kind != InputKind.USER_INPUT else None for s in specs]
+        self.user_positions = [i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT]
         gm = program.graph_module
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         fakes = [n.meta.get("val") for n in placeholders]
@@ -520,8 +541,10 @@ class CompiledProgram:
         flat, spec = pytree.tree_flatten((args, kwargs))
         if spec != self.in_spec:
             raise TypeError(f"the exported program takes inputs structured as {self.in_spec}, not {spec}")
-        flat = iter(flat)
-        return [s if s is not None else next(flat) for s in self.state]
+        full = self.state.copy()  # the state in place, the user's inputs at their positions
+        for position, value in zip(self.user_positions, flat):
+            full[position] = value
+        return full
 
     def __call__(self, *args, **kwargs):
         full = self._args(args, kwargs)
