@@ -6,9 +6,11 @@
 #include <ATen/quantized/QTensorImpl.h>
 #include <ATen/quantized/Quantizer.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/accumulate.h>
 #include <atomic>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "onednn/buffer_pool.h"
 
 namespace llga {
 
@@ -45,25 +47,49 @@ bool reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarde
 }
 
 // Not an LLGA tensor, so where its memory came from stands in for "memory this library
-// allocated": the CPU allocator's deleter rules out a copy-on-write clone (cow's deleter), a file
-// mapping and from_blob memory.
+// allocated": the buffer pool's deleter (new_quantized_output) or the CPU allocator's rules out a
+// copy-on-write clone (cow's deleter), a file mapping and from_blob memory.
 bool quantized_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, c10::ScalarType dtype,
                                   c10::IntArrayRef sizes, c10::MemoryFormat format) {
   if (!t.defined() || !t.is_quantized() || t.qscheme() != at::kPerTensorAffine || t.scalar_type() != dtype ||
       t.sizes() != sizes || t.storage_offset() != 0 || !t.is_contiguous(format))
     return false;
-  auto deleter = c10::GetCPUAllocator()->raw_deleter();
-  return deleter != nullptr && t.storage().data_ptr().get_deleter() == deleter && sole_reference(t, arg, guarded);
+  auto deleter = t.storage().data_ptr().get_deleter();
+  auto cpu_deleter = c10::GetCPUAllocator()->raw_deleter();
+  return (deleter == &onednn::free_buffer || (cpu_deleter != nullptr && deleter == cpu_deleter)) && sole_reference(t, arg, guarded);
+}
+
+namespace {
+
+// A CPU QTensor of t's sizes (or `sizes`) in format over `storage`, with this scale and zero point.
+at::Tensor qtensor_on(c10::Storage storage, c10::IntArrayRef sizes, c10::ScalarType dtype, double scale, int64_t zero_point,
+                      c10::MemoryFormat format) {
+  auto out = at::detail::make_tensor<at::QTensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::QuantizedCPU),
+                                                       c10::scalarTypeToTypeMeta(dtype),
+                                                       at::make_per_tensor_affine_quantizer(scale, zero_point, dtype));
+  out.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  out.unsafeGetTensorImpl()->empty_tensor_restride(format);
+  return out;
+}
+
+}  // namespace
+
+// The buffer pool hands the same buffers back call after call: no malloc of an activation's size
+// (glibc's search of its large bins) and memory still warm in the caches.
+at::Tensor new_quantized_output(c10::IntArrayRef sizes, c10::ScalarType dtype, double scale, int64_t zero_point,
+                                c10::MemoryFormat format) {
+  size_t nbytes = c10::elementSize(dtype) * static_cast<size_t>(c10::multiply_integers(sizes));
+  void* p = nbytes ? onednn::allocate_buffer(nbytes, 64) : nullptr;
+  TORCH_CHECK(p || !nbytes, "torch_llga: out of memory allocating ", nbytes, " bytes");
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(p, p, &onednn::free_buffer, c10::Device(c10::kCPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return qtensor_on(std::move(storage), sizes, dtype, scale, zero_point, format);
 }
 
 // The strides are the format's, as the output allocated apart would have them (t's may differ
 // where a dim is 1); the dispatch keys at::new_qtensor gives a CPU quantized tensor.
 at::Tensor quantized_output_in(const at::Tensor& t, double scale, int64_t zero_point, c10::MemoryFormat format) {
-  auto out = at::detail::make_tensor<at::QTensorImpl>(c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::QuantizedCPU),
-                                                       t.dtype(), at::make_per_tensor_affine_quantizer(scale, zero_point, t.scalar_type()));
-  out.unsafeGetTensorImpl()->set_sizes_contiguous(t.sizes());
-  out.unsafeGetTensorImpl()->empty_tensor_restride(format);
-  return out;
+  return qtensor_on(c10::Storage(t.storage()), t.sizes(), t.scalar_type(), scale, zero_point, format);
 }
 
 }  // namespace llga

@@ -252,7 +252,7 @@ void FusionKernel::execute(CompiledPartition& c, const Inputs& inputs, c10::Arra
     const OutPort& port = out_ports_[p];
     const auto& q = port.qparams;
     outs[p] = port.opaque ? empty_llga(o.lt, port.dtype)
-              : q ? at::_empty_affine_quantized(o.sizes, at::TensorOptions().dtype(port.dtype), q->scale, q->zero_point, o.format)
+              : q ? new_quantized_output(o.sizes, port.dtype, q->scale, q->zero_point, o.format)
                   : at::empty_strided(o.sizes, o.strides, at::TensorOptions().dtype(port.dtype));
   }
   {
