@@ -19,17 +19,27 @@ namespace llga {
 [[gnu::used]] extern const char kBuiltForTorch[] =
     "torch_llga built for torch " TORCH_LLGA_BUILT_FOR_TORCH " git " TORCH_LLGA_BUILT_FOR_TORCH_GIT ";";
 
+namespace {
+
+// Every symbol torch's headers name, with the number compiled in: a table, which GCC compiles in
+// seconds (the same checks written out as 2,000 ifs in one function took it minutes).
+struct CompiledSymbol {
+  const char* name;
+  c10::Symbol symbol;
+};
+#define ENTRY(ns, s) {#ns "::" #s, c10::ns::s},
+constexpr CompiledSymbol kCompiledSymbols[] = {FORALL_NS_SYMBOLS(ENTRY)};
+#undef ENTRY
+
+}  // namespace
+
 const std::string& torch_mismatch() {
-  // Every symbol torch's headers name: each compiled-in number against the running torch's own
-  // (about 2,000 hash lookups, once).
+  // Each compiled-in number against the running torch's own (about 2,000 hash lookups, once).
   static const std::string error = [] {
     size_t differ = 0;
-    std::string first;
-#define CHECK(ns, s)                                                      \
-  if (c10::Symbol::fromQualString(#ns "::" #s) != c10::ns::s && !differ++) \
-    first = #ns "::" #s;
-    FORALL_NS_SYMBOLS(CHECK)
-#undef CHECK
+    const char* first = nullptr;
+    for (const CompiledSymbol& s : kCompiledSymbols)
+      if (c10::Symbol::fromQualString(s.name) != s.symbol && !differ++) first = s.name;
     if (!differ) return std::string();
     return "torch_llga was built for torch " TORCH_LLGA_BUILT_FOR_TORCH " and the running torch numbers " +
            std::to_string(differ) + " of its operator symbols differently (" + first +
