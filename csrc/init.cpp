@@ -1,6 +1,7 @@
 // The Python module torch_llga._C. Loading it registers the pass pipeline and the operators
 // (static registrations in pipeline.cpp and kernel.cpp); these functions only flip the switch.
 #include <pybind11/pybind11.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
 #include <sstream>
@@ -31,6 +32,17 @@ PYBIND11_MODULE(_C, m) {
     llga::runtime::set_shape_policy(compile ? llga::runtime::ShapePolicy::kCompile : llga::runtime::ShapePolicy::kFallback);
   });
   m.def("_shape_policy_is_compile", [] { return llga::runtime::shape_policy() == llga::runtime::ShapePolicy::kCompile; });
+  // Whether tensors[i]._version == versions[i] for every i: the torch.compile and export doors'
+  // per-call check of a model's weights, one call for hundreds of them.
+  m.def("_versions_equal", [](const pybind11::tuple& tensors, const pybind11::tuple& versions) {
+    if (tensors.size() != versions.size()) return false;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      PyObject* t = PyTuple_GET_ITEM(tensors.ptr(), i);
+      if (!THPVariable_Check(t) || THPVariable_Unpack(t)._version() != PyLong_AsLongLong(PyTuple_GET_ITEM(versions.ptr(), i)))
+        return false;
+    }
+    return true;
+  });
   m.def("_set_cache_capacity", &llga::runtime::set_cache_capacity);
   m.def("_cache_capacity", &llga::runtime::cache_capacity);
   m.def("_release", [](const std::shared_ptr<torch::jit::Graph>& g) { return llga::release_compiled_partitions(g.get()); });

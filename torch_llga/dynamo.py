@@ -166,9 +166,6 @@ def _numbers_out(graph):
     return recipe
 
 
-_VERSION = operator.attrgetter("_version")  # a tensor's count of in-place writes
-
-
 def _picker(indices):
     """A function taking a sequence to the tuple of its items at `indices`."""
     if len(indices) > 1:
@@ -230,11 +227,11 @@ class _FxScripts:
 
     def _state_baked(self, args):
         """Is the state in args what the scripts hold: the same tensors, none written since?"""
-        # map over C callables: a model's hundreds of weights checked without a Python frame each.
+        # In C: a model's hundreds of weights checked without a Python step each.
         if self.baked is None:
             return False
         tensors, versions = self.baked
-        return all(map(operator.is_, self._state_of(args), tensors)) and list(map(_VERSION, tensors)) == versions
+        return all(map(operator.is_, self._state_of(args), tensors)) and _C._versions_equal(tensors, versions)
 
     def script(self, args):
         """The frozen script for these arguments (traced now if none fits)."""
@@ -246,7 +243,7 @@ class _FxScripts:
             if not self._state_baked(args):
                 self.scripts.clear()  # a weight was replaced or written in place: every script holds it
                 tensors = self._state_of(args)
-                self.baked = tensors, list(map(_VERSION, tensors))
+                self.baked = tensors, tuple(t._version for t in tensors)
             key = self._key(args)
             if key not in self.scripts:
                 self.scripts[key] = self._trace(args)
