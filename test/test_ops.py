@@ -155,7 +155,7 @@ def test_gelu_tanh_is_one_op():
 def test_gelu_of_a_matmul_stays_in_pytorch_on_avx2(approximate):
     # oneDNN's GELU post-op of an fp32 matmul is 2-3x slower than PyTorch's GELU of its output in
     # the AVX2 kernels (quirk gelu_post_op_slow): from 64K outputs on, the GELU stays in PyTorch,
-    # in place on the group's output (InPlaceGelus); a smaller one stays a post-op, as every one
+    # in place on the group's output (InPlaceActivations); a smaller one stays a post-op, as every one
     # does with AVX-512 kernels.
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(approximate=approximate))
     large = check(model, torch.randn(2, 64, 64), groups=SOME)  # 64K outputs

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_llga
-from conftest import CPU, requires_int8_kernels
+from conftest import AVX512_KERNELS, CPU, requires_int8_kernels
 from resnet import resnet18
 
 pytest.importorskip("torchao")
@@ -238,6 +238,21 @@ def test_pt2e_reduce_range_clamp_takes_the_activation_in(activation):
     assert groups_of(graph) == [clamped, clamped, ["_convolution", "dequantize", "dequantize"]], groups_of(graph)
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(AVX512_KERNELS, reason="the GELU is the linear's post-op there (quirk gelu_post_op_slow)")
+def test_pt2e_reduce_range_clamp_of_a_gelu_runs_in_place():
+    # A GELU left to PyTorch (64K outputs on AVX2) computes in place on the linear's output, and
+    # the clamp at code 127 before the next quantize in place on the GELU's: no allocation of their
+    # size a call. Equal to the reference: the same GELU, the same codes, exact int8 sums.
+    x = torch.randn(2, 64, 64)
+    reference = pt2e(nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 16)), x, reduce_range=True)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    # (The model's input is no group's result: its clamp and quantize allocate.)
+    assert left_in_pytorch(graph) == ["aten::clamp", "aten::clamp_", "aten::gelu_", "aten::quantize_per_tensor",
+                                      "aten::quantize_per_tensor"], graph
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows,then", [(4, None), (32, None), (4, nn.ReLU())])

@@ -678,7 +678,7 @@ bool group_norm_slow_kernel() {
 // at 197 rows (ViT-B/16) +1.7 against +0.7 ms; at 32 rows +0.24 against +0.15; at 8 rows (24K
 // outputs) the post-op is the cheaper (AMD EPYC Zen 3, 2 threads, oneDNN 3.12.0, in-process
 // alternation). So a GELU of 64K outputs or more stays in PyTorch on CPUs without AVX-512 (the
-// AVX-512 kernels were not measured slow), in place on the group's output (InPlaceGelus).
+// AVX-512 kernels were not measured slow), in place on the group's output (InPlaceActivations).
 // BERT-base, DistilBERT, ViT-B/16: 2-4% faster.
 constexpr int64_t kGeluPostOpSlowFrom = 1 << 16;
 

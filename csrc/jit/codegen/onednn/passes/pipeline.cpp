@@ -33,7 +33,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   FuseGraph(g);
   PropagateLayout(g);
   InsertGuards(g);
-  InPlaceGelus(g);
+  InPlaceActivations(g);
   // What the guards checked must not leak into later passes as facts.
   torch::jit::RemoveTensorTypeSpecializations(g);
   GRAPH_DUMP("After torch_llga", g);
