@@ -240,17 +240,55 @@ def test_pt2e_reduce_range_clamp_takes_the_activation_in(activation):
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("on_a_view", [False, True])
+def test_pt2e_clamp_takes_an_in_place_relu_in_only_on_a_fresh_tensor(on_a_view):
+    # relu_ on a view writes the viewed tensor (read again later): the ReLU must stay. On a conv's
+    # own output it joins the clamp.
+    from torch_llga import _pt2e
+
+    g = torch.fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    conv = g.call_function(torch.ops.aten.convolution.default, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1))
+    y = g.call_function(torch.ops.aten.slice.Tensor, (conv, 1, 0, 2)) if on_a_view else conv
+    relu = g.call_function(torch.ops.aten.relu_.default, (y,))
+    relu.meta["val"] = torch.empty(1, 2, 4, 4)
+    params = (0.1, 0, 0, 127, torch.uint8)
+    q = g.call_function(torch.ops.quantized_decomposed.quantize_per_tensor.default, (relu, *params))
+    d = g.call_function(torch.ops.quantized_decomposed.dequantize_per_tensor.default, (q, *params))
+    g.output((d, conv) if on_a_view else (d,))  # the viewed tensor read again
+    _pt2e.lower(g, lambda n: n is w)
+    kinds = [str(n.target) for n in g.nodes if n.op == "call_function"]
+    assert ("aten.relu_.default" in kinds) == on_a_view, kinds
+    [clamp] = [n for n in g.nodes if n.target is torch.clamp]
+    assert clamp.kwargs == ({"max": 127 * 0.1} if on_a_view else {"min": 0.0, "max": 127 * 0.1})
+
+
+class GeluReturned(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 512), nn.Linear(512, 16)
+
+    def forward(self, x):
+        h = F.gelu(self.fc1(x))
+        return self.fc2(h), h
+
+
 @pytest.mark.skipif(AVX512_KERNELS, reason="the GELU is the linear's post-op there (quirk gelu_post_op_slow)")
-def test_pt2e_reduce_range_clamp_of_a_gelu_runs_in_place():
+@pytest.mark.parametrize("returned", [False, True])
+def test_pt2e_reduce_range_clamp_of_a_gelu_runs_in_place(returned):
     # A GELU left to PyTorch (64K outputs on AVX2) computes in place on the linear's output, and
     # the clamp at code 127 before the next quantize in place on the GELU's: no allocation of their
     # size a call. Equal to the reference: the same GELU, the same codes, exact int8 sums.
+    # Returned too, the GELU's output is read twice: the GELU still runs in place on the linear's
+    # output, which nothing else reads, but the clamp of its result does not.
     x = torch.randn(2, 64, 64)
-    reference = pt2e(nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 16)), x, reduce_range=True)
+    model = GeluReturned() if returned else nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 16))
+    reference = pt2e(model, x, reduce_range=True)
     out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
     # (The model's input is no group's result: its clamp and quantize allocate.)
-    assert left_in_pytorch(graph) == ["aten::clamp", "aten::clamp_", "aten::gelu_", "aten::quantize_per_tensor",
-                                      "aten::quantize_per_tensor"], graph
+    in_place = ["aten::clamp", "aten::gelu_"] if returned else ["aten::clamp_", "aten::gelu_"]
+    assert left_in_pytorch(graph) == sorted(["aten::clamp", *in_place, "aten::quantize_per_tensor",
+                                             "aten::quantize_per_tensor"]), graph
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-5)
 

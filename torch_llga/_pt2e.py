@@ -96,9 +96,18 @@ _CLAMPS = {"relu": lambda args, kwargs: (0.0, math.inf),
                                           args[2] if len(args) > 2 else kwargs.get("max"))}
 
 
+def _fresh(y):
+    """Is y a new tensor an op of the graph computes (no input, state, or view of one)?"""
+    target = getattr(y, "target", None)
+    return (isinstance(y, torch.fx.Node) and y.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+            and not any(r.alias_info for r in target._schema.returns))
+
+
 def _activation_clamp(x):
     """(input, lowest, highest) when x is a ReLU, hardtanh (ReLU6) or clamp with constant bounds of a
-    value nothing else reads (so that its in-place form writes a tensor no other op sees); else None."""
+    value nothing else reads; else None. Its in-place form (relu_, as ReLU(inplace=True) exports)
+    only on a fresh tensor: through a view, or on an input or a weight, dropping the op would drop
+    a write someone sees."""
     target = getattr(x, "target", None)
     if not (x.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"):
         return None
@@ -111,6 +120,8 @@ def _activation_clamp(x):
     highest = math.inf if highest is None else highest
     if not (isinstance(y, torch.fx.Node) and len(y.users) == 1 and len(x.users) == 1
             and isinstance(lowest, (int, float)) and isinstance(highest, (int, float))):
+        return None
+    if target._schema.is_mutable and not _fresh(y):
         return None
     return y, float(lowest), float(highest)
 

@@ -1,7 +1,7 @@
 // InPlaceActivations: a GELU or a clamp left to PyTorch whose input is a fusion group's fresh result
-// that nothing else reads -> aten::gelu_ / aten::clamp_ on it. Computing in place is invisible
-// there, and it skips an allocation of the output's size each call (fresh pages of a large
-// allocation):
+// that nothing else reads (for a clamp, also that result through an in-place GELU or a view) ->
+// aten::gelu_ / aten::clamp_ on it. Computing in place is invisible there, and it skips an
+// allocation of the output's size each call (fresh pages of a large allocation):
 // - GELU (quirk gelu_post_op_slow, or any other reason): out of place, ViT-B/16's 12 GELUs of
 //   [197, 3072] took 1.3 ms each inside the model against 0.4-0.55 alone; the whole model ran
 //   0.98x the time in place (AMD EPYC Zen 3, 2 threads, in-process alternation, 20 rounds).
@@ -24,14 +24,14 @@ namespace {
 // If (its group or the group's fallback) made by a matmul, an elementwise or a binary op (those give
 // a new tensor unfused too, where a view-like op's fallback could hand back its input), read by the
 // group's return alone (no other output of the group a view of it in the fallback).
-bool group_result(const Value* v) {
+bool group_result(const Value* v, unsigned families = kContraction | kEltwise | kBinary) {
   const Node* guarded = v->node();
   if (guarded->kind() != c10::prim::If || guarded->input(0)->node()->kind() != kGuard) return false;
   const Value* out = guarded->blocks()[0]->outputs()[v->offset()];
   const Node* group = out->node();
   if (group->kind() != kFusionGroup) return false;
   const Value* made = group->g(c10::attr::Subgraph)->outputs()[out->offset()];
-  return made->uses().size() == 1 && in_family(made->node(), kContraction | kEltwise | kBinary);
+  return made->uses().size() == 1 && in_family(made->node(), families);
 }
 
 // Whether writing v changes nothing anyone else sees: a group's fresh result, or what an in-place
@@ -40,7 +40,9 @@ bool group_result(const Value* v) {
 bool fresh(const Value* v) {
   const Node* n = v->node();
   if (v->uses().size() != 1) return false;
-  if (group_result(v)) return true;
+  // A matmul's or binary op's: autograd keeps no output of theirs (a sigmoid's it keeps, for an
+  // unfused fallback run with gradients on).
+  if (group_result(v, kContraction | kBinary)) return true;
   bool derived = n->kind() == c10::aten::gelu_ || n->kind() == c10::aten::view || n->kind() == c10::aten::reshape ||
                  n->kind() == c10::aten::transpose || n->kind() == c10::aten::permute;
   return derived && n->owningBlock() == n->input(0)->node()->owningBlock() && fresh(n->input(0));

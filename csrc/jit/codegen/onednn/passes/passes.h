@@ -96,7 +96,7 @@ void WidenBf16Linears(std::shared_ptr<Graph>& g);  // other bf16 linears, no one
 void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque
 void InsertGuards(std::shared_ptr<Graph>& g);      // profiled-type checks with unfused fallback
-void InPlaceActivations(std::shared_ptr<Graph>& g);  // a PyTorch GELU or clamp of a group's fresh output -> gelu_ / clamp_ on it
+void InPlaceActivations(std::shared_ptr<Graph>& g);  // a PyTorch GELU or clamp of a group's fresh output (or a view of it) -> in place
 
 // The whole pipeline (no-op while torch_llga is disabled).
 void RunPipeline(std::shared_ptr<Graph>& g);

@@ -61,6 +61,22 @@ bool quantized_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, b
 
 namespace {
 
+// The buffer pool as PyTorch allocator: a storage from it resizes as one from the CPU allocator.
+struct PoolAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = nbytes ? onednn::allocate_buffer(nbytes, 64) : nullptr;
+    TORCH_CHECK(p || !nbytes, "torch_llga: out of memory allocating ", nbytes, " bytes");
+    return {p, p, &onednn::free_buffer, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &onednn::free_buffer; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+};
+
+c10::Allocator* pool_allocator() {
+  static PoolAllocator allocator;
+  return &allocator;
+}
+
 // A CPU QTensor of t's sizes (or `sizes`) in format over `storage`, with this scale and zero point.
 at::Tensor qtensor_on(c10::Storage storage, c10::IntArrayRef sizes, c10::ScalarType dtype, double scale, int64_t zero_point,
                       c10::MemoryFormat format) {
@@ -79,10 +95,7 @@ at::Tensor qtensor_on(c10::Storage storage, c10::IntArrayRef sizes, c10::ScalarT
 at::Tensor new_quantized_output(c10::IntArrayRef sizes, c10::ScalarType dtype, double scale, int64_t zero_point,
                                 c10::MemoryFormat format) {
   size_t nbytes = c10::elementSize(dtype) * static_cast<size_t>(c10::multiply_integers(sizes));
-  void* p = nbytes ? onednn::allocate_buffer(nbytes, 64) : nullptr;
-  TORCH_CHECK(p || !nbytes, "torch_llga: out of memory allocating ", nbytes, " bytes");
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(p, p, &onednn::free_buffer, c10::Device(c10::kCPU)),
-                       /*allocator=*/nullptr, /*resizable=*/false);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, pool_allocator(), /*resizable=*/true);
   return qtensor_on(std::move(storage), sizes, dtype, scale, zero_point, format);
 }
 
