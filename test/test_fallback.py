@@ -232,12 +232,14 @@ def test_llga_tensor_to_dense_compiles_its_reorder_once():
     y = torch.randn(1, 16, 1, 1)  # another size: the second group's guard fails, the first's holds
     torch_llga.set_shape_policy("fallback")
     try:
-        for _ in range(3):
+        for i in range(3):
             before = torch_llga.stats()
             out = fused(x, y)
             after = torch_llga.stats()
             torch.testing.assert_close(out, model(x, y), **FP32)
             assert after["guard_failures"] - before["guard_failures"] == 1  # converted the first group's output
+            if i > 0:  # the reorder compiled by the first conversion, or by an earlier test of this process
+                assert after["to_dense_compilations"] == before["to_dense_compilations"]
     finally:
         torch_llga.set_shape_policy("compile")
-    assert after["to_dense_compilations"] - start["to_dense_compilations"] == 1
+    assert after["to_dense_compilations"] - start["to_dense_compilations"] <= 1
