@@ -289,8 +289,34 @@ def test_pt2e_reduce_range_clamp_of_a_gelu_runs_in_place(returned):
     in_place = ["aten::clamp", "aten::gelu_"] if returned else ["aten::clamp_", "aten::gelu_"]
     assert left_in_pytorch(graph) == sorted(["aten::clamp", *in_place, "aten::quantize_per_tensor",
                                              "aten::quantize_per_tensor"]), graph
+    assert groups_of(graph) == [["dequantize", "dequantize", "linear"]] * 2, groups_of(graph)  # both int8
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-5)
+
+
+class MergedHeads(nn.Module):
+    """A linear's output split into heads, transposed and merged back, as attention's context is."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 512), nn.Linear(512, 16)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        return self.fc2(self.fc1(x).view(b, s, 8, 64).transpose(1, 2).reshape(b, s, 512))
+
+
+def test_pt2e_reduce_range_clamp_of_merged_heads_runs_in_place():
+    # The clamp before the second linear's quantize reads the first's result through a view, a
+    # transpose and a reshape, each read once: in place (BERT's attention context, 12 a call).
+    x = torch.randn(2, 64, 64)
+    reference = pt2e(MergedHeads(), x, reduce_range=True)
+    out, graph = warm(torch.compile(reference, backend="torch_llga"), x)
+    assert groups_of(graph) == [["dequantize", "dequantize", "linear"]] * 2, groups_of(graph)
+    left = left_in_pytorch(graph)
+    assert left.count("aten::clamp_") == 1 and left.count("aten::clamp") == 1, left  # (the model input's)
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
 
 
 @pytest.mark.parametrize("rows,then", [(4, None), (32, None), (4, nn.ReLU())])

@@ -77,7 +77,7 @@ c10::Allocator* pool_allocator() {
   return &allocator;
 }
 
-// A CPU QTensor of t's sizes (or `sizes`) in format over `storage`, with this scale and zero point.
+// A CPU QTensor of these sizes in format over `storage`, with this scale and zero point.
 at::Tensor qtensor_on(c10::Storage storage, c10::IntArrayRef sizes, c10::ScalarType dtype, double scale, int64_t zero_point,
                       c10::MemoryFormat format) {
   auto out = at::detail::make_tensor<at::QTensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::QuantizedCPU),
