@@ -439,11 +439,34 @@ SDPA_GROUP = ["matmul", "mul", "softmax", "matmul"]
 
 def test_multi_head_self_attention_is_spelled_out():
     # The inference fast path (one aten::_native_multi_head_attention) is spelled out so that its
-    # projections run as oneDNN matmuls and its attention as oneDNN's SDPA; q, k, v are strided views
-    # of one projection, copied contiguous for it in PyTorch (ViT-B/16 1.06x with oneDNN's SDPA).
-    fused = check(SelfAttention(), torch.randn(2, 10, 64), groups=[["layer_norm"], ["linear"], SDPA_GROUP, ["linear"]])
+    # projections run as oneDNN matmuls and its attention as oneDNN's SDPA (ViT-B/16 1.06x). The
+    # q, k and v projections are three linears over the weight's thirds: each output is dense, and
+    # the attention reads their heads' views with no copy.
+    fused = check(SelfAttention(), torch.randn(2, 10, 64),
+                  groups=[["layer_norm"], ["linear"], ["linear"], ["linear"], SDPA_GROUP, ["linear"]])
     assert "aten::scaled_dot_product_attention" not in str(fused.graph)
     assert "aten::_native_multi_head_attention" not in str(fused.graph)
+
+
+def test_multi_head_self_attention_reads_its_projections_in_place():
+    # At sizes oneDNN runs (not a small-graph plan's PyTorch ops), the attention's q, k and v are
+    # the three projections' [B, L, H, D] memory, read with no copy. (Sizes with one square [L, D]
+    # matrix, L == D, would be copied on AVX-512: quirk copy_interleaved_matmul_inputs.)
+    attention = nn.MultiheadAttention(256, 4, batch_first=True).eval().requires_grad_(False)
+    x = torch.randn(1, 48, 256)
+    fused = check(lambda a: attention(a, a, a, need_weights=False)[0], x,
+                  groups=[["linear"], ["linear"], ["linear"], SDPA_GROUP, ["linear"]])
+    with torch.profiler.profile(record_shapes=True) as prof:
+        fused(x)
+    copies = [e.input_shapes for e in prof.events() if e.name in ("aten::copy_", "aten::clone")]
+    assert not [s for s in copies if s and s[0] in ([1, 4, 48, 64], [1, 4, 64, 48], [1, 48, 4, 64])], copies
+
+
+def test_multi_head_self_attention_without_constant_weights_keeps_one_projection():
+    # Not frozen, the in-projection's weight is no constant to split: one linear, its output's
+    # thirds copied for the attention.
+    fused = check(SelfAttention(), torch.randn(2, 10, 64), freeze=False, groups=SOME)
+    assert ["linear"] in fused.groups and SDPA_GROUP in fused.groups
 
 
 def test_multi_head_self_attention_of_the_graphs_input_is_spelled_out():

@@ -96,6 +96,13 @@ std::vector<int64_t> contiguous(const std::vector<int64_t>& sizes) {
   return {s.begin(), s.end()};
 }
 
+// Whether an attention of these sizes runs one of torch_llga's own fp32 kernels (kernels/), which
+// read strided q, k and v views; oneDNN's is handed dense ones.
+bool own_attention_kernel(c10::ScalarType dtype, int64_t head_size, int64_t queries, int64_t keys, bool masked) {
+  return !masked && dtype == at::kFloat && runtime::own_kernels_enabled() &&
+         (small_head_attention_runs(head_size, keys) || head64_attention_runs(head_size, queries, keys));
+}
+
 // nn.MultiheadAttention's inference fast path, one aten op for self-attention without a mask
 // (ViT's encoder), runs its projections as unpacked GEMMs. Spelled out, the projections are linears
 // oneDNN fuses with packed weights, and the attention itself is PyTorch's SDPA kernel:
@@ -124,17 +131,35 @@ void decompose_self_attention(torch::jit::Block* block) {
     if (sizes[2] != *embed_dim) continue;
     Graph* g = block->owningGraph();
     torch::jit::WithInsertPoint point(n);
-    std::vector<int64_t> qkv_sizes = {sizes[0], sizes[1], 3 * sizes[2]};
-    Value* qkv = typed(g->insert(c10::aten::linear, {x, n->input(5), n->input(6)}), *type, qkv_sizes, contiguous(qkv_sizes));
-    Node* chunks = g->createListUnpack(g->insert(c10::aten::chunk, {qkv, 3, -1}), 3);
-    g->insertNode(chunks);
-    std::vector<Value*> qkv_heads;
     int64_t head_dim = *embed_dim / *heads;
-    for (Value* part : chunks->outputs()) {
-      Value* split = g->insert(c10::aten::unflatten, {part, -1, std::vector<int64_t>{*heads, head_dim}});
-      // [B, H, L, D], a view of qkv: typed, so that decompose_sdpa spells the attention out.
-      qkv_heads.push_back(typed(g->insert(c10::aten::transpose, {split, 1, 2}), *type, {sizes[0], *heads, sizes[1], head_dim},
-                                {sizes[1] * 3 * sizes[2], head_dim, 3 * sizes[2], 1}));
+    std::vector<Value*> parts;  // q, k and v: [B, L, E] each
+    auto w = torch::jit::toIValue(n->input(5)), b = torch::jit::toIValue(n->input(6));
+    bool split = !own_attention_kernel(*type->scalarType(), head_dim, sizes[1], sizes[1], false) && w && w->isTensor() &&
+                 b && b->isTensor() && w->toTensor().dim() == 2 && w->toTensor().size(0) == 3 * sizes[2];
+    if (split) {
+      // oneDNN's attention kernel is handed dense q, k and v: three projections over the weight's
+      // thirds give them, where slices of one projection's output were copied first (three copies
+      // a layer, ~0.1 ms). ViT-B/16 bf16 (AMD EPYC Zen 4, 2 threads, in-process A/B, 16 rounds):
+      // 0.6% less time a call (the rounds spread +-10% on that guest); fp32 runs its own kernel.
+      for (int64_t i = 0; i < 3; ++i) {
+        Value* wi = g->insertConstant(w->toTensor().narrow(0, i * sizes[2], sizes[2]).contiguous());
+        Value* bi = g->insertConstant(b->toTensor().narrow(0, i * sizes[2], sizes[2]).contiguous());
+        parts.push_back(typed(g->insert(c10::aten::linear, {x, wi, bi}), *type, sizes, contiguous(sizes)));
+      }
+    } else {
+      std::vector<int64_t> qkv_sizes = {sizes[0], sizes[1], 3 * sizes[2]};
+      Value* qkv = typed(g->insert(c10::aten::linear, {x, n->input(5), n->input(6)}), *type, qkv_sizes, contiguous(qkv_sizes));
+      Node* chunks = g->createListUnpack(g->insert(c10::aten::chunk, {qkv, 3, -1}), 3);
+      g->insertNode(chunks);
+      parts.assign(chunks->outputs().begin(), chunks->outputs().end());
+    }
+    int64_t row = split ? sizes[2] : 3 * sizes[2];  // the stride of a position in q, k and v
+    std::vector<Value*> qkv_heads;
+    for (Value* part : parts) {
+      Value* heads_split = g->insert(c10::aten::unflatten, {part, -1, std::vector<int64_t>{*heads, head_dim}});
+      // [B, H, L, D], a view: typed, so that decompose_sdpa spells the attention out.
+      qkv_heads.push_back(typed(g->insert(c10::aten::transpose, {heads_split, 1, 2}), *type,
+                                {sizes[0], *heads, sizes[1], head_dim}, {sizes[1] * row, head_dim, row, 1}));
     }
     Value* attention = g->insert(c10::aten::scaled_dot_product_attention, {qkv_heads[0], qkv_heads[1], qkv_heads[2]});
     Value* merged = typed(g->insert(c10::aten::flatten, {g->insert(c10::aten::transpose, {attention, 1, 2}), 2, 3}), *type, sizes,
@@ -307,8 +332,7 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
 
     Graph* g = block->owningGraph();
     torch::jit::WithInsertPoint point(n);
-    bool own_kernel = !has_mask && q->scalarType() == at::kFloat && vs[3] == qs[3] && runtime::own_kernels_enabled();
-    if (own_kernel && (small_head_attention_runs(qs[3], ks[2]) || head64_attention_runs(qs[3], qs[2], ks[2]))) {
+    if (vs[3] == qs[3] && own_attention_kernel(*q->scalarType(), qs[3], qs[2], ks[2], has_mask)) {
       // Heads of 8 or 16, or of 64, over many keys: torch_llga's kernels (kernels/).
       c10::Symbol kernel = qs[3] == 64 ? kHead64Attention : kSmallHeadAttention;
       std::vector<torch::jit::NamedValue> args = {n->input(0), n->input(1), n->input(2), n->input(6)};
