@@ -236,8 +236,12 @@ def test_asymmetric_weights_stay_fp32(weight_qscheme):
     observer = PerChannelMinMaxObserver if weight_qscheme == torch.per_channel_affine else MinMaxObserver
     qconfig = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8),
                       weight=observer.with_args(dtype=torch.qint8, qscheme=weight_qscheme))
+    model = mlp()
+    with torch.no_grad():  # weights in [0, 2 max|w|]: zero points of -128, asymmetric for certain
+        for linear in (m for m in model.modules() if isinstance(m, nn.Linear)):
+            linear.weight += linear.weight.abs().amax()
     x = torch.randn(4, 64)
-    ref = quantized(mlp(), x, QConfigMapping().set_global(qconfig))
+    ref = quantized(model, x, QConfigMapping().set_global(qconfig))
     fused = Fused(ref, (x,))
     with torch.no_grad():
         torch.testing.assert_close(fused(x), ref(x), **within_steps(ref, 1))
