@@ -394,6 +394,13 @@ def test_matmul_of_a_permuted_input():
         check(lambda a, b: torch.matmul(a.permute(0, 2, 3, 1), b), torch.randn(shape),
               torch.randn(shape[0], shape[2], shape[1], 8), groups=[["matmul"]])
     check(lambda a: torch.matmul(a.transpose(2, 3), w), torch.randn(1, 3, 3, 3), groups=[["matmul"]])
+    # Not square, read in place: attention's probabilities times v, a transposed [B, L, H, D] view
+    # as the second operand where M == K (on AVX-512 kernels too: 96 such shapes read right from
+    # NaN-padded storage with the copies off).
+    check(lambda p, v: torch.matmul(p, v.transpose(1, 2)), torch.randn(2, 3, 5, 5), torch.randn(2, 5, 3, 4),
+          groups=[["matmul"]])
+    check(lambda q, k: torch.matmul(q.transpose(1, 2), k), torch.randn(1, 6, 2, 4), torch.randn(1, 2, 4, 6),
+          groups=[["matmul"]])
 
 
 def test_matmul_of_a_permuted_group_output(all_partitions):
@@ -448,14 +455,16 @@ def test_multi_head_self_attention_is_spelled_out():
     assert "aten::_native_multi_head_attention" not in str(fused.graph)
 
 
-def test_multi_head_self_attention_reads_its_projections_in_place():
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_multi_head_self_attention_reads_its_projections_in_place(dtype):
     # At sizes oneDNN runs (not a small-graph plan's PyTorch ops), the attention's q, k and v are
     # the three projections' [B, L, H, D] memory, read with no copy. (Sizes with one square [L, D]
     # matrix, L == D, would be copied on AVX-512: quirk copy_interleaved_matmul_inputs.)
-    attention = nn.MultiheadAttention(256, 4, batch_first=True).eval().requires_grad_(False)
-    x = torch.randn(1, 48, 256)
+    attention = nn.MultiheadAttention(256, 4, batch_first=True).eval().requires_grad_(False).to(dtype)
+    x = torch.randn(1, 48, 256).to(dtype)
+    tol = {} if dtype == torch.float32 else BF16_TOLERANCE
     fused = check(lambda a: attention(a, a, a, need_weights=False)[0], x,
-                  groups=[["linear"], ["linear"], ["linear"], SDPA_GROUP, ["linear"]])
+                  groups=[["linear"], ["linear"], ["linear"], SDPA_GROUP, ["linear"]], **tol)
     with torch.profiler.profile(record_shapes=True) as prof:
         fused(x)
     copies = [e.input_shapes for e in prof.events() if e.name in ("aten::copy_", "aten::clone")]
@@ -465,8 +474,18 @@ def test_multi_head_self_attention_reads_its_projections_in_place():
 def test_multi_head_self_attention_without_constant_weights_keeps_one_projection():
     # Not frozen, the in-projection's weight is no constant to split: one linear, its output's
     # thirds copied for the attention.
-    fused = check(SelfAttention(), torch.randn(2, 10, 64), freeze=False, groups=SOME)
-    assert ["linear"] in fused.groups and SDPA_GROUP in fused.groups
+    fused = check(SelfAttention(), torch.randn(2, 10, 64), freeze=False,
+                  groups=[["layer_norm"], ["linear"], SDPA_GROUP, ["linear"]])
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's attention kernel needs AVX2 and FMA")
+def test_multi_head_self_attention_of_heads_of_64_keeps_one_projection():
+    # fp32 heads of 64 over 128 positions run torch_llga's own kernel, which reads q, k and v as
+    # strided views of one projection's output: no split.
+    attention = nn.MultiheadAttention(256, 4, batch_first=True).eval().requires_grad_(False)
+    fused = check(lambda a: attention(a, a, a, need_weights=False)[0], torch.randn(1, 128, 256),
+                  groups=[["linear"], ["linear"]])
+    assert own_ops(fused.graph, "head64_attention") == 1
 
 
 def test_multi_head_self_attention_of_the_graphs_input_is_spelled_out():

@@ -737,7 +737,8 @@ bool copy_transposed_inputs() {
 // 1e33 (reads outside the tensor; fuzzing). Such square inputs are copied to contiguous first; a
 // transposed matrix with its batch dims outermost is read right, and so is a non-square one (its
 // fault was never seen: on Zen 4 with 3.12.0 no shape of 1,350 read wrongly with the copies off,
-// square ones included). Attention's q, k and v ([L, D] views of a projection's output) go in place.
+// square ones included). Attention's q, k and v ([L, D] views of a projection's output) go in
+// place unless L == D.
 // The fault was found in AVX-512 kernels; their AVX2 twins read such inputs right (probed on
 // 3.11.2, 3.12.0 and 3.13.3: docs/quirks.md), so CPUs without AVX-512 skip the copies (BERT's
 // attention reads three projections' transposed views a layer).

@@ -105,9 +105,11 @@ bool own_attention_kernel(c10::ScalarType dtype, int64_t head_size, int64_t quer
 
 // nn.MultiheadAttention's inference fast path, one aten op for self-attention without a mask
 // (ViT's encoder), runs its projections as unpacked GEMMs. Spelled out, the projections are linears
-// oneDNN fuses with packed weights, and the attention itself is PyTorch's SDPA kernel:
+// oneDNN fuses with packed weights, and the attention an SDPA that decompose_sdpa takes next:
 //   qkv = linear(x, in_w, in_b); q, k, v = qkv.chunk(3, -1) -> [B, L, H, D] -> transpose(1, 2)
 //   out = linear(sdpa(q, k, v).transpose(1, 2).flatten(2, 3), out_w, out_b)
+// With constant in_w and in_b (a frozen module), unless torch_llga's own fp32 kernel takes the
+// attention (it reads strided views), q, k and v are three linears over in_w's thirds instead.
 // Only the values the linears read and write get (profiled-size) types: the rest stay in PyTorch.
 void decompose_self_attention(torch::jit::Block* block) {
   static const char* kSchema =
@@ -137,10 +139,10 @@ void decompose_self_attention(torch::jit::Block* block) {
     bool split = !own_attention_kernel(*type->scalarType(), head_dim, sizes[1], sizes[1], false) && w && w->isTensor() &&
                  b && b->isTensor() && w->toTensor().dim() == 2 && w->toTensor().size(0) == 3 * sizes[2];
     if (split) {
-      // oneDNN's attention kernel is handed dense q, k and v: three projections over the weight's
-      // thirds give them, where slices of one projection's output were copied first (three copies
-      // a layer, ~0.1 ms). ViT-B/16 bf16 (AMD EPYC Zen 4, 2 threads, in-process A/B, 16 rounds):
-      // 0.6% less time a call (the rounds spread +-10% on that guest); fp32 runs its own kernel.
+      // oneDNN's attention is handed strided q, k and v as dense copies (below): three projections
+      // over the weight's thirds give dense ones, no copies (three a layer, ~0.1 ms on ViT-B/16
+      // bf16). The whole ViT-B/16 bf16 (AMD EPYC Zen 4, 2 threads, in-process A/B, 16 rounds):
+      // 0.6% less time a call, within that guest's +-10% spread between rounds.
       for (int64_t i = 0; i < 3; ++i) {
         Value* wi = g->insertConstant(w->toTensor().narrow(0, i * sizes[2], sizes[2]).contiguous());
         Value* bi = g->insertConstant(b->toTensor().narrow(0, i * sizes[2], sizes[2]).contiguous());
@@ -361,8 +363,8 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     }
     Node* before = n->prev();  // what is inserted from here on lies between it and n
     std::vector<Value*> original(n->inputs().begin(), n->inputs().end());
-    // Strided views (of one QKV projection: ViT's) are made contiguous first, in PyTorch: oneDNN's
-    // kernel wins even so. bf16, ViT's 12 x 197 x 64: 0.58 against PyTorch's 1.26 ms (Zen 4). fp32,
+    // Strided views (of one QKV projection not split above: a module not frozen) are made
+    // contiguous first, in PyTorch: oneDNN's kernel wins even so. bf16, ViT's 12 x 197 x 64: 0.58 against PyTorch's 1.26 ms (Zen 4). fp32,
     // all of ViT-B/16: 1.06x and 1.07x in two in-process A/B runs, 12 rounds each, either build
     // prepared first (AMD EPYC Zen 5, 2 threads; one such attention layer alone: 1.00-1.02x at 64 to
     // 384 tokens). (On Zen 4 an fp32 BERT-base with such views had lost, 9.3 against 8.8 ms for its

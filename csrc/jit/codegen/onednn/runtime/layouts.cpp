@@ -32,7 +32,7 @@ bool dense_in_order(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Array
 
 // Whether a matmul reads these strides right: batch dims outermost, each matrix row- or
 // column-major, or a matrix that is not square (quirks::copy_interleaved_matmul_inputs: the fault
-// needs a square one; attention's q, k and v views, [L, D], are read in place).
+// needs a square one; attention's q, k and v views, [L, D], are read in place unless L == D).
 bool batch_dims_outside(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
   const size_t r = sizes.size();
   if (r <= 2 || !quirks::copy_interleaved_matmul_inputs() || sizes[r - 1] != sizes[r - 2]) return true;
