@@ -136,8 +136,14 @@ void decompose_self_attention(torch::jit::Block* block) {
     int64_t head_dim = *embed_dim / *heads;
     std::vector<Value*> parts;  // q, k and v: [B, L, E] each
     auto w = torch::jit::toIValue(n->input(5)), b = torch::jit::toIValue(n->input(6));
-    bool split = !own_attention_kernel(*type->scalarType(), head_dim, sizes[1], sizes[1], false) && w && w->isTensor() &&
-                 b && b->isTensor() && w->toTensor().dim() == 2 && w->toTensor().size(0) == 3 * sizes[2];
+    auto stacked = [&](const c10::IValue* v, int64_t dim) {  // a strided [3E] or [3E, E] constant of x's dtype
+      if (!v->isTensor()) return false;
+      const at::Tensor& t = v->toTensor();
+      return t.layout() == at::kStrided && t.scalar_type() == *type->scalarType() && t.dim() == dim &&
+             t.size(0) == 3 * sizes[2];
+    };
+    bool split = !own_attention_kernel(*type->scalarType(), head_dim, sizes[1], sizes[1], false) && w && b &&
+                 stacked(&*w, 2) && stacked(&*b, 1);
     if (split) {
       // oneDNN's attention is handed strided q, k and v as dense copies (below): three projections
       // over the weight's thirds give dense ones, no copies (three a layer, ~0.1 ms on ViT-B/16
@@ -364,8 +370,8 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     Node* before = n->prev();  // what is inserted from here on lies between it and n
     std::vector<Value*> original(n->inputs().begin(), n->inputs().end());
     // Strided views (of one QKV projection not split above: a module not frozen) are made
-    // contiguous first, in PyTorch: oneDNN's kernel wins even so. bf16, ViT's 12 x 197 x 64: 0.58 against PyTorch's 1.26 ms (Zen 4). fp32,
-    // all of ViT-B/16: 1.06x and 1.07x in two in-process A/B runs, 12 rounds each, either build
+    // contiguous first, in PyTorch: oneDNN's kernel wins even so. bf16, ViT's 12 x 197 x 64: 0.58
+    // against PyTorch's 1.26 ms (Zen 4). fp32, all of ViT-B/16: 1.06x and 1.07x in two in-process A/B runs, 12 rounds each, either build
     // prepared first (AMD EPYC Zen 5, 2 threads; one such attention layer alone: 1.00-1.02x at 64 to
     // 384 tokens). (On Zen 4 an fp32 BERT-base with such views had lost, 9.3 against 8.8 ms for its
     // 12 attentions; its q, k and v are dense now, from three projections.)
