@@ -136,14 +136,14 @@ void decompose_self_attention(torch::jit::Block* block) {
     int64_t head_dim = *embed_dim / *heads;
     std::vector<Value*> parts;  // q, k and v: [B, L, E] each
     auto w = torch::jit::toIValue(n->input(5)), b = torch::jit::toIValue(n->input(6));
-    auto stacked = [&](const c10::IValue* v, int64_t dim) {  // a strided [3E] or [3E, E] constant of x's dtype
-      if (!v->isTensor()) return false;
+    auto stacked = [&](const std::optional<c10::IValue>& v, int64_t dim) {  // a strided [3E] or [3E, E] constant of x's dtype
+      if (!v || !v->isTensor()) return false;
       const at::Tensor& t = v->toTensor();
       return t.layout() == at::kStrided && t.scalar_type() == *type->scalarType() && t.dim() == dim &&
              t.size(0) == 3 * sizes[2];
     };
-    bool split = !own_attention_kernel(*type->scalarType(), head_dim, sizes[1], sizes[1], false) && w && b &&
-                 stacked(&*w, 2) && stacked(&*b, 1);
+    bool split = !own_attention_kernel(*type->scalarType(), head_dim, sizes[1], sizes[1], false) && stacked(w, 2) &&
+                 stacked(b, 1);
     if (split) {
       // oneDNN's attention is handed strided q, k and v as dense copies (below): three projections
       // over the weight's thirds give dense ones, no copies (three a layer, ~0.1 ms on ViT-B/16
