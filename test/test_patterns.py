@@ -675,7 +675,7 @@ def test_long_unmasked_fp32_attention_stays_pytorchs_flash_kernel(monkeypatch):
 @pytest.mark.parametrize("keys", [128, 1029])
 def test_attention_of_64_wide_heads_over_many_keys_is_torch_llgas_kernel(keys):
     # Heads of 64, 96+ queries over 128+ keys (Whisper's encoder, ViT): llga::head64_attention,
-    # 1.1-1.2x oneDNN's SDPA and PyTorch's flash kernel; keys padded to 16 inside, query rows in
+    # faster than oneDNN's SDPA and PyTorch's flash kernel; keys padded to 16 inside, query rows in
     # blocks of 24 (100 queries: a partial last block). Sums of ~1,000 terms (5e-5, as for the
     # narrow heads' kernel above), and against float64.
     tol = dict(rtol=1e-5, atol=5e-5)
@@ -701,6 +701,36 @@ def test_attention_of_64_wide_heads_over_many_keys_is_torch_llgas_kernel(keys):
     torch.testing.assert_close(fused(q * 1e30, k * 1e10, v), scaled(q * 1e30, k * 1e10, v), equal_nan=True, **FP32)
     # other sizes: still right
     torch.testing.assert_close(fused(q[:1, :2, :7], k[:1, :2], v[:1, :2]), scaled(q[:1, :2, :7], k[:1, :2], v[:1, :2]), **tol)
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("mask", ["bool_keys", "bool_square", "float_per_head", "float_per_sample", "float_-inf"])
+def test_masked_attention_of_64_wide_heads_is_torch_llgas_kernel(mask):
+    # BERT's attention (transformers passes a boolean mask; True: attend): llga::head64_attention
+    # reads the mask as it is, broadcast through its strides (no bias made per layer). A float mask
+    # is added, a boolean one gives -inf scores. A fully masked row, NaN or +inf in a float mask:
+    # PyTorch's attention, whose result (0 rows, NaN) the kernel leaves to it. Sums of 100+ terms (5e-5, as above).
+    tol = dict(rtol=1e-5, atol=5e-5)
+    B, H, L = 2, 3, 130
+    fn = lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, m)  # noqa: E731
+    q, k, v = torch.randn(B, H, L, 64), torch.randn(B, H, L, 64), torch.randn(B, H, L, 64)
+    if mask == "float_-inf":
+        m = torch.randn(B, 1, 1, L).masked_fill(torch.rand(B, 1, 1, L) > 0.7, float("-inf"))
+    else:
+        m = attention_mask(mask, B, H, L)
+    fused = check(fn, q, k, v, m, groups=[], **tol) if "inf" not in mask else Fused(fn, (q, k, v, m))
+    torch.testing.assert_close(fused(q, k, v, m), fn(q, k, v, m), **tol)
+    assert "llga::head64_attention" in str(fused.graph) and "attention_bias" not in str(fused.graph)
+    other = attention_mask(mask, B, H, L) if "inf" not in mask else m.flip(-1)  # another mask, same sizes
+    torch.testing.assert_close(fused(q, k, v, other), fn(q, k, v, other), **tol)
+    cut = m.clone()  # a fully masked row: PyTorch's kernel
+    cut[1, 0, -1] = False if m.dtype == torch.bool else float("-inf")
+    torch.testing.assert_close(fused(q, k, v, cut), fn(q, k, v, cut), equal_nan=True, **tol)
+    if m.dtype != torch.bool:
+        for bad in (float("nan"), float("inf")):
+            odd = m.clone()
+            odd[0, 0, 0, 5] = bad
+            torch.testing.assert_close(fused(q, k, v, odd), fn(q, k, v, odd), equal_nan=True, **tol)
 
 
 class AttentionOfACopyThenWritten(nn.Module):
@@ -752,7 +782,7 @@ def test_whisper_style_attention_reads_the_projections_views():
     x = torch.randn(1, 1100, 128)
     fused = check(SelfAttention(), x, groups=SOME, rtol=1e-5, atol=5e-5)  # 1,100-term sums (see above)
     attention = fused.graph.findNode("llga::head64_attention")
-    assert attention is not None and attention.inputsAt(4).toIValue() is True  # writes [B, L, H, D] memory
+    assert attention is not None and attention.inputsAt(5).toIValue() is True  # writes [B, L, H, D] memory
     assert all(i.node().kind() != "aten::contiguous" for i in list(attention.inputs())[:3])
     assert any("linear" in g and "add" in g for g in fused.groups), fused.groups
     report = torch_llga.explain(SelfAttention(), x, verbose=False)

@@ -99,8 +99,8 @@ std::vector<int64_t> contiguous(const std::vector<int64_t>& sizes) {
 // Whether an attention of these sizes runs one of torch_llga's own fp32 kernels (kernels/), which
 // read strided q, k and v views; oneDNN's is handed dense ones.
 bool own_attention_kernel(c10::ScalarType dtype, int64_t head_size, int64_t queries, int64_t keys, bool masked) {
-  return !masked && dtype == at::kFloat && runtime::own_kernels_enabled() &&
-         (small_head_attention_runs(head_size, keys) || head64_attention_runs(head_size, queries, keys));
+  return dtype == at::kFloat && runtime::own_kernels_enabled() &&
+         ((!masked && small_head_attention_runs(head_size, keys)) || head64_attention_runs(head_size, queries, keys));
 }
 
 // nn.MultiheadAttention's inference fast path, one aten op for self-attention without a mask
@@ -255,9 +255,10 @@ torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
 // with profiled sizes; a float mask is added, a boolean one as its attention_bias (True: attend). The scale is a
 // [1, 1, 1, 1] tensor (oneDNN 3.12 compiles no SDPA with a 1-D one): sdpa_scale(q, scale).
 // Unmasked fp32 heads of 8 or 16 over 512 keys or more are torch_llga's own kernel instead
-// (llga::small_head_attention), which runs them 1.5-2x faster than oneDNN's, and so are heads of 64,
-// 96+ queries over 128+ keys (llga::head64_attention, 1.1-1.2x oneDNN's and PyTorch's flash kernel;
-// it reads q, k and v through their strides, so their copies made for the attention are skipped); other unmasked fp32
+// (llga::small_head_attention), which runs them 1.5-2x faster than oneDNN's, and so are fp32 heads
+// of 64, 96+ queries over 128+ keys, masked or not (llga::head64_attention, 0.80-0.89x oneDNN's time;
+// it reads q, k, v and the mask through their strides, so their copies made for the attention are
+// skipped, and a boolean mask is read as it is, no bias made); other unmasked fp32
 // attention over 1,024 keys or more stays PyTorch's (kFlashAttentionMinKeys).
 // Not where q, k, v or the mask is written in place anywhere: the fuser maps no op whose tensors
 // are (graph_fuser.cpp), so the spelled-out ops would stay in PyTorch, the softmax alone a group
@@ -343,7 +344,9 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     if (vs[3] == qs[3] && own_attention_kernel(*q->scalarType(), qs[3], qs[2], ks[2], has_mask)) {
       // Heads of 8 or 16, or of 64, over many keys: torch_llga's kernels (kernels/).
       c10::Symbol kernel = qs[3] == 64 ? kHead64Attention : kSmallHeadAttention;
-      std::vector<torch::jit::NamedValue> args = {n->input(0), n->input(1), n->input(2), n->input(6)};
+      std::vector<torch::jit::NamedValue> args = {n->input(0), n->input(1), n->input(2)};
+      if (kernel == kHead64Attention) args.emplace_back(n->input(3));  // the mask, or None
+      args.emplace_back(n->input(6));
       // They read strided views: a copy made for the attention is not needed (a copy whose source is
       // written in place counts as written itself, for the alias analysis: such attention stays above).
       for (size_t i = 0; i < 3; ++i) {
