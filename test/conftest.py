@@ -27,6 +27,9 @@ requires_int8_kernels = pytest.mark.skipif(not CPU["int8_vnni"],
 BF16 = pytest.param(torch.bfloat16, marks=requires_bf16_kernels, id="bfloat16")
 # torch_llga's own kernels (csrc/jit/codegen/onednn/kernels/) need AVX2 and FMA.
 AVX2 = "avx2" in open("/proc/cpuinfo").read() and " fma" in open("/proc/cpuinfo").read()
+# Its bf16 attention kernel (head64_bf16.cpp) needs AVX512_BF16, and is not used beside AMX.
+BF16_ATTENTION_KERNEL = all(f in open("/proc/cpuinfo").read() for f in (" avx512_bf16", " avx512bw", " avx512vl")) and \
+    " amx_bf16" not in open("/proc/cpuinfo").read()
 
 
 @pytest.fixture(autouse=True)

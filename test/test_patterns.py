@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch_llga
 
-from conftest import PER_HEAD_BIAS_MODEL, AVX2, AVX512_KERNELS, FP32, Fused, check, opaque_outputs, SOME, BF16, CPU, requires_bf16_kernels
+from conftest import PER_HEAD_BIAS_MODEL, AVX2, BF16_ATTENTION_KERNEL, AVX512_KERNELS, FP32, Fused, check, opaque_outputs, SOME, BF16, CPU, requires_bf16_kernels
 
 
 class ConvBnRelu(nn.Module):
@@ -704,24 +704,35 @@ def test_attention_of_64_wide_heads_over_many_keys_is_torch_llgas_kernel(keys):
 
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not BF16_ATTENTION_KERNEL, reason="torch_llga's bf16 attention kernel needs AVX512_BF16 (and is not used with AMX)"))])
 @pytest.mark.parametrize("mask", ["bool_keys", "bool_square", "float_per_head", "float_per_sample", "float_-inf"])
-def test_masked_attention_of_64_wide_heads_is_torch_llgas_kernel(mask):
+def test_masked_attention_of_64_wide_heads_is_torch_llgas_kernel(mask, dtype):
     # BERT's attention (transformers passes a boolean mask; True: attend): llga::head64_attention
     # reads the mask as it is, broadcast through its strides (no bias made per layer). A float mask
     # is added, a boolean one gives -inf scores. A fully masked row, NaN or +inf in a float mask:
-    # PyTorch's attention, whose result (0 rows, NaN) the kernel leaves to it. Sums of 100+ terms (5e-5, as above).
-    tol = dict(rtol=1e-5, atol=5e-5)
+    # PyTorch's attention, whose result (0 rows, NaN) the kernel leaves to it. fp32: sums of 100+
+    # terms (5e-5, as above). bf16 (AVX512_BF16's dot products, the weights rounded to bf16 as
+    # PyTorch's kernel rounds them): bf16 rounding, and no further from float64 than eager is.
+    tol = dict(rtol=1e-5, atol=5e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     B, H, L = 2, 3, 130
     fn = lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, m)  # noqa: E731
-    q, k, v = torch.randn(B, H, L, 64), torch.randn(B, H, L, 64), torch.randn(B, H, L, 64)
+    q, k, v = (torch.randn(B, H, L, 64).to(dtype) for _ in range(3))
     if mask == "float_-inf":
         m = torch.randn(B, 1, 1, L).masked_fill(torch.rand(B, 1, 1, L) > 0.7, float("-inf"))
     else:
         m = attention_mask(mask, B, H, L)
+    m = m.to(dtype) if m.is_floating_point() else m
     fused = check(fn, q, k, v, m, groups=[], **tol) if "inf" not in mask else Fused(fn, (q, k, v, m))
     torch.testing.assert_close(fused(q, k, v, m), fn(q, k, v, m), **tol)
     assert "llga::head64_attention" in str(fused.graph) and "attention_bias" not in str(fused.graph)
+    if dtype == torch.bfloat16:
+        wide = [t.double() if t.is_floating_point() else t for t in (q, k, v, m)]
+        exact = fn(*wide)
+        ours, eager = (fused(q, k, v, m).double() - exact).abs().max(), (fn(q, k, v, m).double() - exact).abs().max()
+        assert ours <= 1.5 * eager + 1e-3, (ours, eager)
     other = attention_mask(mask, B, H, L) if "inf" not in mask else m.flip(-1)  # another mask, same sizes
+    other = other.to(dtype) if other.is_floating_point() else other
     torch.testing.assert_close(fused(q, k, v, other), fn(q, k, v, other), **tol)
     cut = m.clone()  # a fully masked row: PyTorch's kernel
     cut[1, 0, -1] = False if m.dtype == torch.bool else float("-inf")
@@ -731,6 +742,28 @@ def test_masked_attention_of_64_wide_heads_is_torch_llgas_kernel(mask):
             odd = m.clone()
             odd[0, 0, 0, 5] = bad
             torch.testing.assert_close(fused(q, k, v, odd), fn(q, k, v, odd), equal_nan=True, **tol)
+    nan_v = v.clone()  # NaN in v: PyTorch's kernel
+    nan_v[1, 2, 7, 3] = float("nan")
+    torch.testing.assert_close(fused(q, k, nan_v, m), fn(q, k, nan_v, m), equal_nan=True, **tol)
+
+
+@pytest.mark.skipif(not BF16_ATTENTION_KERNEL, reason="torch_llga's bf16 attention kernel needs AVX512_BF16 (and is not used with AMX)")
+def test_bf16_attention_of_64_wide_heads_reads_a_projections_views():
+    # ViT's attention in bf16: q, k and v transposed views of one projection, 100 queries (a
+    # partial last block) over 197 keys (an odd count: the last key's pair is zero-padded; a last
+    # key tile of 16), unmasked. The kernel reads the views (no copies), as close to float64 as eager.
+    qkv = torch.randn(2, 197, 3, 4, 64).bfloat16()
+
+    def attention(x):
+        q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+        return F.scaled_dot_product_attention(q[:, :, :100], k, v).transpose(1, 2).reshape(2, 100, 256)
+
+    fused = check(attention, qkv, groups=[], rtol=1.6e-2, atol=1e-2)  # bf16 rounding
+    node = fused.graph.findNode("llga::head64_attention")
+    assert node is not None and all(i.node().kind() != "aten::contiguous" for i in list(node.inputs())[:3])
+    exact = attention(qkv.double())
+    ours, eager = (fused(qkv).double() - exact).abs().max(), (attention(qkv).double() - exact).abs().max()
+    assert ours <= 1.5 * eager + 1e-3, (ours, eager)
 
 
 class AttentionOfACopyThenWritten(nn.Module):

@@ -39,6 +39,7 @@
 #include <optional>
 #include <vector>
 
+#include "jit/codegen/onednn/kernels/head64_bf16.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
 
 namespace llga {
@@ -95,17 +96,7 @@ struct Operand {  // a [batch, heads, rows, D] tensor's data and strides (its la
   const float* row(int64_t b, int64_t h, int64_t i) const { return data + b * batch_stride + h * head_stride + i * row_stride; }
 };
 
-// A mask of the scores, [B|1, H|1, Q|1, keys] through its strides (broadcast dims stride 0): float,
-// added, or boolean (PyTorch's: True attends), a -Inf score where it is False.
-struct Mask {
-  const void* data = nullptr;
-  bool boolean = false;
-  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
-  const void* row(int64_t b, int64_t h, int64_t i) const {
-    const int64_t offset = b * batch_stride + h * head_stride + i * row_stride;
-    return boolean ? static_cast<const void*>(static_cast<const bool*>(data) + offset) : static_cast<const float*>(data) + offset;
-  }
-};
+using head64::Mask;  // boolean or fp32 here
 
 // The finite lanes of x (x - x is 0 exactly for them, NaN otherwise) and-ed into ok.
 [[gnu::target("avx2,fma")]] inline __m256 and_finite(__m256 ok, __m256 x) {
@@ -200,10 +191,10 @@ struct Mask {
     if (!m[j]) s[j] = -std::numeric_limits<float>::infinity();
 }
 
-// The mask applied to a row of scores; false where it holds what the kernel does not compute as PyTorch does.
-bool apply_mask(float* s, const Mask& mask, const void* row, int64_t keys) {
-  if (!mask.boolean) return add_mask(s, static_cast<const float*>(row), keys);
-  select_mask(s, static_cast<const bool*>(row), keys);
+// The mask's row applied to a row of scores; false where it holds what the kernel does not compute as PyTorch does.
+bool apply_mask(float* s, const Mask& mask, int64_t offset, int64_t keys) {
+  if (mask.dtype == at::kFloat) return add_mask(s, static_cast<const float*>(mask.data) + offset, keys);
+  select_mask(s, static_cast<const bool*>(mask.data) + offset, keys);
   return true;
 }
 
@@ -252,7 +243,7 @@ bool attend(Operand q, Operand k, Operand v, const Mask& mask, int64_t batch, in
         for (int g = 0; g < groups; ++g)
           score_tile(qb + g * kTileRows * D, kt + j * D, padded, s.data() + g * kTileRows * padded + j);
       for (int r = 0; r < groups * kTileRows; ++r) {
-        if (mask.data && r < rows && !apply_mask(s.data() + r * padded, mask, mask.row(b, h, first + r), keys))
+        if (mask.data && r < rows && !apply_mask(s.data() + r * padded, mask, mask.offset(b, h, first + r), keys))
           fallback.store(true, std::memory_order_relaxed);
         sums[r] = exponentials(s.data() + r * padded, keys, padded);
         if (r < rows && std::isnan(sums[r])) fallback.store(true, std::memory_order_relaxed);
@@ -291,30 +282,33 @@ Operand operand(const at::Tensor& t) {
   return {t.const_data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
-// The mask's view for the kernel: a float or boolean [B|1, H|1, Q|1, keys] tensor broadcast to the
-// scores' sizes (its last dim read contiguous); none where it is something else.
-std::optional<Mask> mask_view(const at::Tensor& m, c10::IntArrayRef scores) {
-  const bool boolean = m.scalar_type() == at::kBool;
-  if (m.dim() != 4 || !(boolean || m.scalar_type() == at::kFloat) || !m.device().is_cpu() || m.size(3) != scores[3] ||
-      m.stride(3) != 1)
+// The mask's view for the kernels: a boolean [B|1, H|1, Q|1, keys] tensor or one of the scores'
+// dtype, broadcast to the scores' sizes (its last dim read contiguous); none where it is something else.
+std::optional<Mask> mask_view(const at::Tensor& m, c10::IntArrayRef scores, at::ScalarType dtype) {
+  if (m.dim() != 4 || !(m.scalar_type() == at::kBool || m.scalar_type() == dtype) || !m.device().is_cpu() ||
+      m.requires_grad() || m.size(3) != scores[3] || m.stride(3) != 1)
     return std::nullopt;
   int64_t strides[3];
   for (int i = 0; i < 3; ++i) {
     if (m.size(i) != 1 && m.size(i) != scores[i]) return std::nullopt;
     strides[i] = m.size(i) == 1 ? 0 : m.stride(i);
   }
-  return Mask{m.const_data_ptr(), boolean, strides[0], strides[1], strides[2]};
+  return Mask{m.const_data_ptr(), m.scalar_type(), strides[0], strides[1], strides[2]};
 }
+
+head64::View view(const at::Tensor& t) { return {t.const_data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
 
 // merged_heads: the output is written in [B, L, H, D] memory (its heads are merged next, by a
 // transpose(1, 2): that and the reshape after it are then views); else contiguous.
 at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, std::optional<double> scale, bool merged_heads) {
-  auto fits = [](const at::Tensor& t) {
-    return t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.requires_grad() && t.size(3) == D;
+  const at::ScalarType dtype = q.scalar_type();
+  auto fits = [&](const at::Tensor& t) {
+    return t.dim() == 4 && t.scalar_type() == dtype && t.device().is_cpu() && !t.requires_grad() && t.size(3) == D;
   };
   auto fallback = [&] { return pytorch_attention(q, k, v, mask, scale, merged_heads); };
-  if (!cpu_has_avx2_fma() || !fits(q) || !fits(k) || !fits(v)) return fallback();
+  const bool runs = dtype == at::kFloat ? cpu_has_avx2_fma() : dtype == at::kBFloat16 && head64::bf16_kernel_runs();
+  if (!runs || !fits(q) || !fits(k) || !fits(v)) return fallback();
   const int64_t keys = k.size(2);
   if (v.size(2) != keys || keys == 0 || q.size(0) != k.size(0) || q.size(0) != v.size(0) || q.size(1) != k.size(1) ||
       q.size(1) != v.size(1))
@@ -323,7 +317,7 @@ at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2);
   Mask m;
   if (mask) {
-    auto view = mask->requires_grad() ? std::nullopt : mask_view(*mask, {batch, heads, queries, keys});
+    auto view = mask_view(*mask, {batch, heads, queries, keys}, dtype);
     if (!view) return fallback();
     m = *view;
   }
@@ -331,8 +325,10 @@ at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const at::Tensor qr = q.stride(3) == 1 ? q : q.contiguous(), kr = k.stride(3) == 1 ? k : k.contiguous(),
                    vr = v.stride(3) == 1 ? v : v.contiguous();
   at::Tensor out = empty_output({batch, heads, queries, D}, q.options(), merged_heads);
-  bool done = attend(operand(qr), operand(kr), operand(vr), m, batch, heads, queries, keys, s, operand(out),
-                     out.mutable_data_ptr<float>());
+  bool done = dtype == at::kFloat ? attend(operand(qr), operand(kr), operand(vr), m, batch, heads, queries, keys, s,
+                                           operand(out), out.mutable_data_ptr<float>())
+                                  : head64::attend_bf16(view(qr), view(kr), view(vr), m, batch, heads, queries, keys, s,
+                                                        view(out), out.mutable_data_ptr());
   return done ? out : fallback();  // NaN or Inf: PyTorch's kernel says what they become
 }
 
@@ -351,9 +347,9 @@ torch::jit::RegisterOperators registered({torch::jit::Operator(
 
 }  // namespace
 
-bool head64_attention_runs(int64_t head_size, int64_t queries, int64_t keys) {
-  return vector_math::cpu_has_avx2_fma() && head_size == D && queries >= kHead64AttentionMinQueries &&
-         keys >= kHead64AttentionMinKeys;
+bool head64_attention_runs(c10::ScalarType dtype, int64_t head_size, int64_t queries, int64_t keys) {
+  const bool cpu = dtype == at::kFloat ? vector_math::cpu_has_avx2_fma() : dtype == at::kBFloat16 && head64::bf16_kernel_runs();
+  return cpu && head_size == D && queries >= kHead64AttentionMinQueries && keys >= kHead64AttentionMinKeys;
 }
 
 }  // namespace llga
