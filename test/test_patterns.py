@@ -715,7 +715,7 @@ def test_masked_attention_of_64_wide_heads_is_torch_llgas_kernel(mask, dtype):
     # terms (5e-5, as above). bf16 (AVX512_BF16's dot products, the weights rounded to bf16 as
     # PyTorch's kernel rounds them): bf16 rounding, and no further from float64 than eager is.
     tol = dict(rtol=1e-5, atol=5e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
-    B, H, L = 2, 3, 130
+    B, H, L = 2, 3, 131  # an odd count of keys (bf16: the last key's pair zero-padded), a partial last block
     fn = lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, m)  # noqa: E731
     q, k, v = (torch.randn(B, H, L, 64).to(dtype) for _ in range(3))
     if mask == "float_-inf":
@@ -745,6 +745,19 @@ def test_masked_attention_of_64_wide_heads_is_torch_llgas_kernel(mask, dtype):
     nan_v = v.clone()  # NaN in v: PyTorch's kernel
     nan_v[1, 2, 7, 3] = float("nan")
     torch.testing.assert_close(fused(q, k, nan_v, m), fn(q, k, nan_v, m), equal_nan=True, **tol)
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
+def test_masks_the_head64_kernel_cannot_read_are_not_given_to_it():
+    # The kernel reads a mask's rows contiguous, broadcast to the scores' sizes: a mask broadcast
+    # over the keys or a transposed one is left to the rest of the pass (here both stay PyTorch's
+    # attention), not given to a kernel that would fall back to PyTorch's on every call.
+    fn = lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, m)  # noqa: E731
+    q, k, v = (torch.randn(1, 2, 128, 64) for _ in range(3))
+    for m in (torch.randn(1, 2, 128, 1), torch.randn(1, 1, 128, 128).transpose(-1, -2)):
+        fused = Fused(fn, (q, k, v, m))
+        torch.testing.assert_close(fused(q, k, v, m), fn(q, k, v, m), rtol=1e-5, atol=5e-5)  # 128-term sums
+        assert "llga::head64_attention" not in str(fused.graph)
 
 
 @pytest.mark.skipif(not BF16_ATTENTION_KERNEL, reason="torch_llga's bf16 attention kernel needs AVX512_BF16 (and is not used with AMX)")

@@ -1,6 +1,7 @@
 // llga::head64_attention: softmax(q k^T * scale [+ mask]) v for heads of 64 values, 96+ queries
-// over 128+ keys, fp32, on AVX2 + FMA (BERT's 12 heads of 64 over 128 positions, with a mask;
-// ViT-B/16's over 197; Whisper's encoder: 6 over 1,500).
+// over 128+ keys (BERT's 12 heads of 64 over 128 positions, with a mask; ViT-B/16's over 197;
+// Whisper's encoder: 6 over 1,500). This file registers the op and runs fp32 on AVX2 + FMA; bf16
+// runs head64_bf16.cpp's kernel (AVX512_BF16).
 //
 // Here the two matmuls are the work (64 multiply-adds a score in each, one exponential), so the
 // kernel is two register-blocked gemms with the softmax between them, 24 query rows at a time:
@@ -19,7 +20,7 @@
 // output that models pass need no copy; a mask broadcast over heads or queries is read as it is).
 // The output is written in [B, L, H, D] memory where the graph merges its heads next.
 //
-// Anything else (other head sizes, dtypes, a CPU without AVX2/FMA, NaN or Inf in q, k or v, NaN or
+// Anything else (other head sizes, dtypes, a CPU without the kernel's instructions, NaN or Inf in q, k or v, NaN or
 // +Inf in a float mask, a fully masked row, scores that overflow) is PyTorch's
 // scaled_dot_product_attention: the same result as eager. (A -Inf score weighs e^-87, ~1e-38, not 0:
 // invisible beside the sum's 1 or more.)
@@ -36,6 +37,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <vector>
 
@@ -144,7 +146,7 @@ using head64::Mask;  // boolean or fp32 here
   return _mm256_movemask_ps(ok) == 0xff;
 }
 
-// The block's query rows times scale into qb (rows past `rows` zero); false where one is not finite.
+// The block's query rows times scale into qb (rows past `rows` zero); false where a product is not finite.
 [[gnu::target("avx2,fma")]] bool scaled_rows(const Operand& q, int64_t b, int64_t h, int64_t first, int rows,
                                              float scale, float* qb) {
   __m256 ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
@@ -152,9 +154,9 @@ using head64::Mask;  // boolean or fp32 here
   for (int r = 0; r < kBlockRows; ++r) {
     const float* row = r < rows ? q.row(b, h, first + r) : nullptr;
     for (int d = 0; d < D; d += 8) {
-      const __m256 x = row ? _mm256_loadu_ps(row + d) : _mm256_setzero_ps();
-      ok = and_finite(ok, x);
-      _mm256_store_ps(qb + r * D + d, _mm256_mul_ps(x, s));
+      const __m256 x = _mm256_mul_ps(row ? _mm256_loadu_ps(row + d) : _mm256_setzero_ps(), s);
+      ok = and_finite(ok, x);  // q's, and its product with a (user's) scale that may overflow
+      _mm256_store_ps(qb + r * D + d, x);
     }
   }
   return _mm256_movemask_ps(ok) == 0xff;
@@ -220,6 +222,7 @@ bool attend(Operand q, Operand k, Operand v, const Mask& mask, int64_t batch, in
   at::parallel_for(0, batch * heads * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s(kBlockRows * padded);
     float* kt = static_cast<float*>(std::aligned_alloc(32, padded * D * sizeof(float)));
+    if (!kt) throw std::bad_alloc();
     std::unique_ptr<float, decltype(&std::free)> kt_owner(kt, &std::free);
     alignas(32) float qb[kBlockRows * D], ob[kBlockRows * D];
     float sums[kBlockRows];
@@ -274,7 +277,8 @@ at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& options
 at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const std::optional<at::Tensor>& mask, std::optional<double> scale, bool merged_heads) {
   at::Tensor out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
-  if (out.dim() != 4 || !merged_heads) return out;
+  // (PyTorch's flash kernel gives its output q's stride order: a transposed q's is not contiguous)
+  if (out.dim() != 4 || !merged_heads) return out.contiguous();
   return at::empty({out.size(0), out.size(2), out.size(1), out.size(3)}, out.options()).transpose(1, 2).copy_(out);
 }
 

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/vector_math.h"
@@ -87,9 +88,10 @@ LLGA_BF16_TARGET bool pack_head(const bf16* k, int64_t k_stride, const bf16* v, 
   return finite;
 }
 
-// s[r][0..16 * N) = q[r] . K^T for twelve rows (q[r]: a row's 32 pairs) against N packed key tiles.
+// s[r][0..16 * N) = q[r] . K^T for twelve rows (q[r]: a row's 64 bf16, read as 32 pairs) against N
+// packed key tiles.
 template <int N>
-LLGA_BF16_TARGET inline void score_tile(const uint32_t* const* q, const bf16* kt, int64_t padded, float* s) {
+LLGA_BF16_TARGET inline void score_tile(const bf16* const* q, const bf16* kt, int64_t padded, float* s) {
   __m512 acc[kTileRows][N];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
@@ -99,7 +101,9 @@ LLGA_BF16_TARGET inline void score_tile(const uint32_t* const* q, const bf16* kt
     for (int t = 0; t < N; ++t) k[t] = _mm512_loadu_si512(kt + t * kTileElems + p * 2 * kKeyTile);
 #pragma GCC unroll 12
     for (int r = 0; r < kTileRows; ++r) {
-      const __m512i a = _mm512_set1_epi32(static_cast<int>(q[r][p]));
+      uint32_t pair;
+      std::memcpy(&pair, q[r] + 2 * p, sizeof(pair));
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(pair));
       for (int t = 0; t < N; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(a), as_bh(k[t]));
     }
   }
@@ -131,7 +135,8 @@ LLGA_BF16_TARGET inline void value_tile(const bf16* p, int64_t stride, const bf1
 }
 
 LLGA_BF16_TARGET inline __m512 widen(const bf16* x) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
+  // (maskz forms: GCC 12 warns of the plain ones' undefined passthrough)
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
 }
 
 // A row's scores times scale, its mask applied (a float one added: false where it holds NaN or
@@ -189,7 +194,9 @@ struct Freed {
 };
 template <typename T>
 std::unique_ptr<T, Freed<T>> aligned(size_t count) {
-  return std::unique_ptr<T, Freed<T>>(static_cast<T*>(std::aligned_alloc(64, (count * sizeof(T) + 63) / 64 * 64)));
+  T* p = static_cast<T*>(std::aligned_alloc(64, (count * sizeof(T) + 63) / 64 * 64));
+  if (!p) throw std::bad_alloc();
+  return std::unique_ptr<T, Freed<T>>(p);
 }
 
 }  // namespace
@@ -214,7 +221,7 @@ LLGA_BF16_TARGET bool attend_bf16(View q, View k, View v, const Mask& mask, int6
     auto kt = aligned<bf16>(padded * D), vp = aligned<bf16>(pairs * 2 * D), p = aligned<bf16>(kBlockRows * padded);
     auto s = aligned<float>(kBlockRows * padded), ob = aligned<float>(kBlockRows * D);
     float sums[kBlockRows];
-    static const uint32_t zeros[kPairs] = {};
+    static const bf16 zeros[D] = {};
     int64_t packed_head = -1;
     for (int64_t task = begin; task < end && !fallback.load(std::memory_order_relaxed); ++task) {
       const int64_t bh = task / blocks, b = bh / heads, h = bh % heads, first = task % blocks * kBlockRows;
@@ -228,12 +235,12 @@ LLGA_BF16_TARGET bool attend_bf16(View q, View k, View v, const Mask& mask, int6
         }
         packed_head = bh;
       }
-      const uint32_t* qrows[kBlockRows];
+      const bf16* qrows[kBlockRows];
       bool finite = true;
       for (int r = 0; r < kBlockRows; ++r) {
         const bf16* row = r < rows ? qd + q.offset(b, h, first + r) : nullptr;
         finite = finite && (!row || row_finite(row));
-        qrows[r] = row ? reinterpret_cast<const uint32_t*>(row) : zeros;
+        qrows[r] = row ? row : zeros;
       }
       if (!finite) {
         fallback.store(true, std::memory_order_relaxed);

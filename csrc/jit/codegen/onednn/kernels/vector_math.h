@@ -42,7 +42,7 @@ template <typename T>
 // of at least 1 (the maximum's own term) can see.
 [[gnu::target("avx2,fma")]] inline __m256 exp_nonpositive(__m256 x) {
   const __m256 magic = _mm256_set1_ps(12583039.0f);  // 1.5 * 2^23 + 127
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);  // (maxps returns its second operand for a NaN: x's)
   const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
   const __m256 r = _mm256_fnmadd_ps(_mm256_sub_ps(t, magic), _mm256_set1_ps(0.693147182f), x);
   __m256 p = _mm256_set1_ps(8.297654800e-03f);
@@ -82,9 +82,8 @@ template <typename T>
 }
 
 // A row's scores -> exp(score - max) (the padding's -inf included); returns their sum,
-// or NaN where the scores overflowed (the row's maximum is not finite). No score is NaN: the
-// inputs are finite and each multiply-add rounds once, so an overflow saturates at inf or -inf
-// and stays there (inf + a finite exact product is inf).
+// or NaN where the scores overflowed (the row's maximum is not finite) or one is NaN (a masked
+// key's -inf added to a score that overflowed to +inf: its exponential is NaN, and so the sum).
 [[gnu::target("avx2,fma")]] inline float exponentials(float* s, int64_t keys, int64_t padded) {
   for (int64_t j = keys; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
   __m256 row_max = _mm256_set1_ps(-std::numeric_limits<float>::infinity());

@@ -342,7 +342,19 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
 
     Graph* g = block->owningGraph();
     torch::jit::WithInsertPoint point(n);
-    if (vs[3] == qs[3] && own_attention_kernel(*q->scalarType(), qs[3], qs[2], ks[2], has_mask)) {
+    // The own kernel reads a mask broadcast to the scores' sizes through its strides, its rows
+    // contiguous: another (a mask over keys broadcast, a transposed one) stays oneDNN's.
+    auto readable_mask = [&] {
+      auto m = mask->type()->cast<torch::jit::TensorType>();
+      auto sizes = m->sizes().concrete_sizes();
+      auto strides = m->strides().concrete_sizes();
+      if (!sizes || !strides || (*sizes)[3] != ks[2] || (*strides)[3] != 1) return false;
+      for (int i = 0; i < 3; ++i)
+        if ((*sizes)[i] != 1 && (*sizes)[i] != std::vector<int64_t>{qs[0], qs[1], qs[2]}[i]) return false;
+      return true;
+    };
+    if (vs[3] == qs[3] && own_attention_kernel(*q->scalarType(), qs[3], qs[2], ks[2], has_mask) &&
+        (!has_mask || readable_mask())) {
       // Heads of 8 or 16, or of 64, over many keys: torch_llga's kernels (kernels/).
       c10::Symbol kernel = qs[3] == 64 ? kHead64Attention : kSmallHeadAttention;
       std::vector<torch::jit::NamedValue> args = {n->input(0), n->input(1), n->input(2)};
