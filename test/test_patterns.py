@@ -745,6 +745,9 @@ def test_masked_attention_of_64_wide_heads_is_torch_llgas_kernel(mask, dtype):
     nan_v = v.clone()  # NaN in v: PyTorch's kernel
     nan_v[1, 2, 7, 3] = float("nan")
     torch.testing.assert_close(fused(q, k, nan_v, m), fn(q, k, nan_v, m), equal_nan=True, **tol)
+    # scores that overflow (to inf, or NaN where a -inf mask is added to +inf): PyTorch's kernel
+    big = (q * 1e30, k * 1e10, v, m)
+    torch.testing.assert_close(fused(*big), fn(*big), equal_nan=True, **tol)
 
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
