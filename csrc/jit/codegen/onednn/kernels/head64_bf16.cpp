@@ -24,7 +24,6 @@
 #include <limits>
 #include <memory>
 #include <new>
-#include <vector>
 
 #include "jit/codegen/onednn/kernels/vector_math.h"
 

@@ -342,15 +342,16 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
 
     Graph* g = block->owningGraph();
     torch::jit::WithInsertPoint point(n);
-    // The own kernel reads a mask broadcast to the scores' sizes through its strides, its rows
-    // contiguous: another (a mask over keys broadcast, a transposed one) stays oneDNN's.
+    // The own kernel reads a mask broadcast to the scores' sizes ([B, H, Q] as q's, then the keys)
+    // through its strides, its rows contiguous: another (broadcast over the keys, transposed) is
+    // left to the rest of this pass.
     auto readable_mask = [&] {
       auto m = mask->type()->cast<torch::jit::TensorType>();
       auto sizes = m->sizes().concrete_sizes();
       auto strides = m->strides().concrete_sizes();
       if (!sizes || !strides || (*sizes)[3] != ks[2] || (*strides)[3] != 1) return false;
       for (int i = 0; i < 3; ++i)
-        if ((*sizes)[i] != 1 && (*sizes)[i] != std::vector<int64_t>{qs[0], qs[1], qs[2]}[i]) return false;
+        if ((*sizes)[i] != 1 && (*sizes)[i] != qs[i]) return false;
       return true;
     };
     if (vs[3] == qs[3] && own_attention_kernel(*q->scalarType(), qs[3], qs[2], ks[2], has_mask) &&
