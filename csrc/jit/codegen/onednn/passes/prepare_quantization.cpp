@@ -142,8 +142,15 @@ bool fold_int8_adds(torch::jit::Block* block) {
   return folded_any;
 }
 
-// The scale and zero point of a quantized tensor made by quantize_per_tensor or fold_int8_adds.
+bool is_quantized_reshape(const Node* n) {
+  auto t = onednn_kind(n) == op::kind::StaticReshape ? n->input(0)->type()->cast<TensorType>() : nullptr;
+  return t && t->scalarType() && c10::isQIntType(*t->scalarType());
+}
+
+// The scale and zero point of a quantized tensor made by quantize_per_tensor or fold_int8_adds, or
+// a reshape of one (fold_requantized_reshapes).
 std::optional<QuantParams> output_params(const Node* n) {
+  if (is_quantized_reshape(n)) return output_params(n->input(0)->node());
   if (n->kind() == kQuantizedAddRelu || n->kind() == kQuantizedAdd) {
     auto scale = torch::jit::constant_as<double>(n->input(2));
     auto zp = torch::jit::constant_as<int64_t>(n->input(3));
@@ -151,6 +158,36 @@ std::optional<QuantParams> output_params(const Node* n) {
     return std::nullopt;
   }
   return quantize_params(n);
+}
+
+// quantize(reshape(dequantize(q)), s, z) where q holds codes of the same grid (s, z and dtype):
+// reshape(q). A classifier's flatten between its pool and its linear, which PT2E's graph dequantizes
+// and quantizes again, otherwise three PyTorch ops between two int8 groups. Exact: a code c
+// dequantizes to (c - z) * s, which divided by s is c - z within a few ulps, and rounds back to it.
+bool fold_requantized_reshapes(torch::jit::Block* block) {
+  bool folded_any = false;
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* q2 = *it++;
+    for (auto* b : q2->blocks()) folded_any |= fold_requantized_reshapes(b);
+    auto p2 = quantize_params(q2);
+    Node* reshape = p2 ? q2->input(0)->node() : nullptr;
+    if (!reshape || onednn_kind(reshape) != op::kind::StaticReshape || reshape->output()->uses().size() != 1 ||
+        !is_dequantize(reshape->input(0)))
+      continue;
+    Value* codes = reshape->input(0)->node()->input(0);
+    auto p1 = output_params(codes->node());
+    auto t1 = codes->type()->cast<TensorType>();
+    auto t2 = q2->output()->type()->cast<TensorType>();
+    if (!p1 || p1->scale != p2->scale || p1->zero_point != p2->zero_point || p2->scale < 1e-30 || !t1 || !t2 ||
+        !t1->scalarType() || t1->scalarType() != t2->scalarType())
+      continue;
+    reshape->replaceInput(0, codes);
+    reshape->output()->setType(q2->output()->type());
+    q2->output()->replaceAllUsesWith(reshape->output());
+    q2->destroy();  // the dequantize goes with dead code elimination if nothing else reads it
+    folded_any = true;
+  }
+  return folded_any;
 }
 
 // The highest value v can hold, where the graph says: a clamp's top, a dequantize of codes whose top
@@ -241,7 +278,8 @@ bool fold_fp32_weights(torch::jit::Block* block, std::unordered_map<Value*, Valu
 void PrepareQuantization(std::shared_ptr<Graph>& g) {
   if (!keep_every_requantization()) elide_requantization(g->block());
   bool folded = fold_requantized_clamps(g->block());
-  if (fold_int8_adds(g->block()) || folded) torch::jit::EliminateDeadCode(g);
+  folded |= fold_int8_adds(g->block());
+  if (fold_requantized_reshapes(g->block()) || folded) torch::jit::EliminateDeadCode(g);
   record_params_and_split(g->block());
   // after the recording: whether a weight stays int8 can depend on its src's codes (int8_without_vnni)
   std::unordered_map<Value*, Value*> fp32_weights;
