@@ -167,13 +167,35 @@ def vit_layer_part(part, tokens=197):
     return make
 
 
+def with_batch_norm_statistics(model, size):
+    """model with its batch norms' running statistics measured on random images, as training leaves
+    them: each normalizes its channels. At init (mean 0, variance 1) MobileNetV2's activations shrink
+    ~10x every few blocks, to outputs of ~1e-9, below one int8 step: its int8 models computed zeros
+    and a drift from fp32 meant nothing."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model
+    generator = torch.Generator().manual_seed(1)
+    model.train()
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the batches
+    with torch.no_grad():
+        for _ in range(2):
+            model(torch.rand(8, 3, size, size, generator=generator))
+    for m in norms:
+        m.momentum = 0.1
+    return model.eval()
+
+
 def torchvision_model(name, size):
     def make(batch):
         import torchvision
 
         from torch_llga.check_models import informative  # ViT's zero-initialized head: outputs all 0, any max diff 0
 
-        return informative(getattr(torchvision.models, name)()), (torch.rand(batch, 3, size, size),)
+        model = with_batch_norm_statistics(informative(getattr(torchvision.models, name)()), size)
+        return model, (torch.rand(batch, 3, size, size),)
 
     return make
 
