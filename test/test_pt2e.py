@@ -223,6 +223,41 @@ def test_pt2e_residual_add_in_place_unless_read_later(read_later):
         torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-6)
 
 
+class EncoderReturningNorm(TinyEncoder):
+    """TinyEncoder that also returns its first layer norm's output, the second residual input."""
+
+    def forward(self, x):
+        b, s, d = x.shape
+        split = lambda t: t.view(b, s, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        attention = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1) @ v
+        h = self.ln1(x + self.o(attention.transpose(1, 2).reshape(b, s, d)))
+        return self.head(self.ln2(h + self.fc2(F.gelu(self.fc1(h))))), h
+
+
+@requires_int8_kernels
+@pytest.mark.parametrize("read_later", [False, True])
+def test_pt2e_encoder_residual_add_in_place_unless_read_later(read_later):
+    # The second residual input, the first layer norm's output, is a dense tensor: PyTorch's quantize
+    # reads it too (the layer norm's group keeps it plain). The FFN's int8 linear + add accumulates
+    # into it when nothing else holds it (BERT: oneDNN's copy of it, 18 us a layer, gone); returned, it
+    # must keep its values. The first residual is the model's input: the caller holds it.
+    x = torch.randn(2, 16, 64)
+    model = EncoderReturningNorm() if read_later else TinyEncoder()
+    reference = pt2e(model, x)
+    compiled = torch_llga.compile(torch.export.export(reference, (x,)))
+    warm(compiled, x)
+    with torch.no_grad():
+        before = torch_llga.stats()["inplace_outputs"]
+        out = compiled(x)
+        assert torch_llga.stats()["inplace_outputs"] - before == (0 if read_later else 1)
+        expected = reference(x)
+        if read_later:
+            torch.testing.assert_close(out[1], expected[1], rtol=1e-5, atol=1e-5)
+            out, expected = out[0], expected[0]
+        torch.testing.assert_close(out, expected, **last_linear_tolerance(reference, 2))
+
+
 @pytest.mark.parametrize("activation", [nn.ReLU6, nn.ReLU])
 def test_pt2e_reduce_range_clamp_takes_the_activation_in(activation):
     # reduce_range's clamp at code 127 after a ReLU6 or ReLU is one clamp to both bounds: one

@@ -10,6 +10,7 @@
 #include <atomic>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "jit/codegen/onednn/mapping/dtypes.h"
 #include "onednn/buffer_pool.h"
 
 namespace llga {
@@ -49,14 +50,31 @@ bool reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarde
 // Not an LLGA tensor, so where its memory came from stands in for "memory this library
 // allocated": the buffer pool's deleter (new_quantized_output) or the CPU allocator's rules out a
 // copy-on-write clone (cow's deleter), a file mapping and from_blob memory.
+namespace {
+
+bool allocated_here(const at::Tensor& t) {
+  auto deleter = t.storage().data_ptr().get_deleter();
+  auto cpu_deleter = c10::GetCPUAllocator()->raw_deleter();
+  return deleter == &onednn::free_buffer || (cpu_deleter != nullptr && deleter == cpu_deleter);
+}
+
+}  // namespace
+
+bool dense_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, const logical_tensor& lt) {
+  if (!t.defined() || is_llga_tensor(t) || t.is_quantized() || t.layout() != c10::kStrided || !t.has_storage() ||
+      t.storage_offset() != 0 || lt.get_layout_type() != logical_tensor::layout_type::strided)
+    return false;
+  auto dtype = to_dnnl_dtype(t.scalar_type());
+  return dtype && *dtype == lt.get_data_type() && t.sizes() == c10::IntArrayRef(lt.get_dims()) &&
+         t.strides() == c10::IntArrayRef(lt.get_strides()) && allocated_here(t) && sole_reference(t, arg, guarded);
+}
+
 bool quantized_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, c10::ScalarType dtype,
                                   c10::IntArrayRef sizes, c10::MemoryFormat format) {
   if (!t.defined() || !t.is_quantized() || t.qscheme() != at::kPerTensorAffine || t.scalar_type() != dtype ||
       t.sizes() != sizes || t.storage_offset() != 0 || !t.is_contiguous(format))
     return false;
-  auto deleter = t.storage().data_ptr().get_deleter();
-  auto cpu_deleter = c10::GetCPUAllocator()->raw_deleter();
-  return (deleter == &onednn::free_buffer || (cpu_deleter != nullptr && deleter == cpu_deleter)) && sole_reference(t, arg, guarded);
+  return allocated_here(t) && sole_reference(t, arg, guarded);
 }
 
 namespace {

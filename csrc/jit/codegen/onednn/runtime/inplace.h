@@ -10,6 +10,11 @@ namespace llga {
 // in its memory: an LLGA tensor in lt's very layout that nothing but this call holds.
 bool reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, const dnnl::graph::logical_tensor& lt);
 
+// The same for a dense tensor t (not an LLGA one) in lt's dtype, sizes and strides whose memory came
+// from the buffer pool or the CPU allocator: an int8 model's residual input, which PyTorch's
+// quantize also reads, so its group made it dense. t is then the output.
+bool dense_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, const dnnl::graph::logical_tensor& lt);
+
 // The same for a quantized output (a dense QTensor, sizes in format): t a per-tensor quantized
 // tensor of that dtype and layout whose memory came from the buffer pool or the CPU allocator and
 // that nothing but this call holds. Then quantized_output_in(t, ...) is the output, t's memory

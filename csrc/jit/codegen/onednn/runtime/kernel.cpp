@@ -234,7 +234,8 @@ void FusionKernel::execute(CompiledPartition& c, const Inputs& inputs, c10::Arra
     size_t i = in_ports_[p_in].input;
     const OutPort& port = out_ports_[p_out];
     const CompiledPartition::Out& o = c.out[p_out];
-    if (port.opaque && reusable_as_output(inputs[i], args[i], inputs_[i].guarded, o.lt)) {
+    if ((port.opaque && reusable_as_output(inputs[i], args[i], inputs_[i].guarded, o.lt)) ||
+        (!port.qparams && dense_reusable_as_output(inputs[i], args[i], inputs_[i].guarded, o.lt))) {
       outs[p_out] = inputs[i];
     } else if (port.qparams && quantized_reusable_as_output(inputs[i], args[i], inputs_[i].guarded, port.dtype, o.sizes, o.format)) {
       // An int8 residual add: the added codes are read before the output's are written over them.
