@@ -174,6 +174,42 @@ def test_nan_and_inf_through_arithmetic_groups_run_fused(dtype, value):
         assert expected.isnan().any() or expected.isinf().any()
 
 
+class ConvThenPool(nn.Module):
+    """A conv without an activation (a group that carries NaN/Inf, unscanned) before a max-pool."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 16, 3, padding=1).to(dtype)
+
+    def forward(self, x):
+        return F.max_pool2d(self.conv(x), 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_inf_from_a_carrying_group_reach_the_next_groups_scan(dtype, value):
+    # The conv's group passes NaN/Inf on in its LLGA output; the pool's guard scans that output
+    # (oneDNN's max-pool would turn NaN into numbers), blocked layout and all.
+    model = ConvThenPool(dtype).eval()
+    x = torch.randn(1, 16, 32, 32, dtype=dtype)
+    tol = FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)  # bf16: 8-bit mantissa
+    fused = check(model, x, **tol, groups=SOME)
+    assert len(fused.groups) == 2, fused.groups
+    for position in [(0, 0, 5, 5), (0, 15, 31, 31)]:
+        bad = x.clone()
+        bad[position] = value
+        with torch.no_grad():
+            expected = model(bad)
+            got = fused(bad)
+        torch.testing.assert_close(got, expected, equal_nan=True, **tol)
+        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf())
+        assert expected.isnan().any() or expected.isinf().any()
+    before = torch_llga.stats()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), **tol)  # finite inputs still run fused
+    assert torch_llga.stats()["nonfinite_fallbacks"] == before["nonfinite_fallbacks"]
+
+
 def chain(a):
     return torch.relu(a * 2.0 + 1.0) * a
 

@@ -27,7 +27,9 @@
 #include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/ir.h>
 
+#include <algorithm>
 #include <atomic>
+#include <unordered_set>
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -98,8 +100,16 @@ bool unscanned(const Value* v, std::unordered_map<const Value*, bool>& tables) {
   return found->second;
 }
 
+// The outputs of groups whose guards scanned their inputs, or whose inputs are such outputs (or
+// finite by construction): as LLGA tensors, guards skip them. Any other LLGA input is scanned too
+// (kScanLlgaToo): a group that carries NaN/Inf through (only convs, matmuls, arithmetic, data
+// movement: no scan) made it from an input nobody scanned, or one in another block did. A conv ->
+// max-pool pair on a model's input is two groups: the pool's guard scans the conv's output
+// (oneDNN's max-pool turns NaN into numbers).
+using ScannedOutputs = std::unordered_set<const Value*>;
+
 Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritten,
-                   std::unordered_map<const Value*, bool>& tables) {
+                   std::unordered_map<const Value*, bool>& tables, ScannedOutputs& scanned) {
   static std::atomic<int64_t> next_group_id{0};
   group->i_(kGroupId, next_group_id++);
   Graph* g = group->owningGraph();
@@ -118,9 +128,14 @@ Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritte
   guard->i_(kFiniteInputs, !plan && needs_finite_inputs(group));
   if (plan) guard->i_(kPlainInputs, 1);
   std::vector<int64_t> given;
-  if (guard->i(kFiniteInputs))
-    for (Value* v : checked) given.push_back(unwritten.count(v) && unscanned(v, tables) ? kNotScanned : -1);
-  if (std::count(given.begin(), given.end(), kNotScanned)) guard->is_(kFiniteGiven, given);
+  bool inputs_clean = true;  // no NaN/Inf reaches any input: none leaves the group either
+  for (Value* v : checked) {
+    bool finite = unwritten.count(v) && unscanned(v, tables);
+    given.push_back(finite ? kNotScanned : scanned.count(v) ? -1 : kScanLlgaToo);
+    inputs_clean &= finite || scanned.count(v);
+  }
+  if (!guard->i(kFiniteInputs)) given.clear();
+  if (std::any_of(given.begin(), given.end(), [](int64_t g) { return g != -1; })) guard->is_(kFiniteGiven, given);
   std::unordered_map<Value*, Value*> checked_value;
   for (size_t i = 0; i < checked.size(); ++i) {
     guard->output(i)->setType(checked[i]->type());
@@ -140,6 +155,7 @@ Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritte
   for (size_t i = 0; i < group->outputs().size(); ++i) {
     branch->output(i)->setType(group->output(i)->type());
     group->output(i)->replaceAllUsesWith(branch->output(i));
+    if (guard->i(kFiniteInputs) || inputs_clean) scanned.insert(branch->output(i));
   }
   Block* fused = branch->addBlock();
   Block* fallback = branch->addBlock();
@@ -163,12 +179,16 @@ Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritte
 // contents are then those the first guard would scan.
 void share_finite_scans(const std::vector<Node*>& guards, const std::unordered_set<const Value*>& unwritten) {
   std::unordered_map<Value*, std::vector<Node*>> scanners;
+  std::unordered_map<Value*, bool> llga_too;  // an LLGA tensor of it is scanned too (kScanLlgaToo)
   for (Node* guard : guards) {
     if (!guard->i(kFiniteInputs)) continue;
     size_t checked = guard->outputs().size() - 1;
     auto given = guard->hasAttribute(kFiniteGiven) ? guard->is(kFiniteGiven) : std::vector<int64_t>(checked, -1);
     for (size_t i = 0; i < checked; ++i)
-      if (unwritten.count(guard->input(i)) && given[i] != kNotScanned) scanners[guard->input(i)].push_back(guard);
+      if (unwritten.count(guard->input(i)) && (given[i] == -1 || given[i] == kScanLlgaToo)) {
+        scanners[guard->input(i)].push_back(guard);
+        llga_too[guard->input(i)] |= given[i] == kScanLlgaToo;
+      }
   }
   for (auto& [v, checked_by] : scanners) {
     if (checked_by.size() < 2) continue;
@@ -176,7 +196,12 @@ void share_finite_scans(const std::vector<Node*>& guards, const std::unordered_s
     if (std::any_of(checked_by.begin(), checked_by.end(), [&](Node* n) { return n->owningBlock() != block; })) continue;
     Node* first = *std::min_element(checked_by.begin(), checked_by.end(), [](Node* a, Node* b) { return a->isBefore(b); });
     Graph* g = first->owningGraph();
-    Value* finite = g->create(kAllFinite, {v})->insertBefore(first)->output()->setType(c10::BoolType::get());
+    Node* scan = g->create(kAllFinite, {v})->insertBefore(first);
+    {
+      torch::jit::WithInsertPoint point(scan);
+      scan->addInput(g->insertConstant(llga_too[v]));
+    }
+    Value* finite = scan->output()->setType(c10::BoolType::get());
     for (Node* guard : checked_by) {
       size_t checked = guard->outputs().size() - 1;
       auto given = guard->hasAttribute(kFiniteGiven) ? guard->is(kFiniteGiven) : std::vector<int64_t>(checked, -1);
@@ -210,7 +235,8 @@ void InsertGuards(std::shared_ptr<Graph>& g) {
   }
   std::vector<Node*> guards;
   std::unordered_map<const Value*, bool> tables;  // embedding tables checked for NaN/Inf
-  for (Node* group : groups) guards.push_back(insert_guard(group, unwritten, tables));
+  ScannedOutputs scanned;  // groups in program order: a value's producer comes first
+  for (Node* group : groups) guards.push_back(insert_guard(group, unwritten, tables, scanned));
   share_finite_scans(guards, unwritten);
   GRAPH_DUMP("After InsertGuards", g);
 }

@@ -47,12 +47,15 @@ inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
 inline constexpr int64_t kAnySizes = 1, kOtherBatchSizes = 2;
 // On a guard: its group's inputs must hold no NaN/Inf (scanned at run time); see kKeepsNaN.
 inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
-// On a guard: per checked input, -1 (scan it), k: its finiteness is the guard's k-th extra (bool)
-// input, an llga::AllFinite shared by the guards of every group that reads the same value, or
-// kNotScanned: no NaN/Inf can reach it (rows of a constant table that holds none) or its
-// infinities are meant (an llga::attention_bias).
+// On a guard: per checked input, -1 (scan it, unless it is an LLGA tensor: a group that scanned its
+// own inputs made it), k: its finiteness is the guard's k-th extra (bool) input, an llga::AllFinite
+// shared by the guards of every group that reads the same value, kNotScanned: no NaN/Inf can
+// reach it (rows of a constant table that holds none) or its infinities are meant (an
+// llga::attention_bias), or kScanLlgaToo: scan it even as an LLGA tensor (a group that carries
+// NaN/Inf through, a conv or linear without an activation, made it from inputs nobody scanned).
 inline const c10::Symbol kFiniteGiven = c10::Symbol::attr("finite_given");
 constexpr int64_t kNotScanned = -2;
+constexpr int64_t kScanLlgaToo = -3;
 // attention_bias(mask, like): 0 where the boolean mask attends, -inf where not, in like's dtype (decompose_ops.cpp's
 // SDPA adds it to the scores). Its -inf are its meaning, and it holds no NaN: guards do not scan it.
 inline const c10::Symbol kAttentionBias = c10::Symbol::fromQualString("llga::attention_bias");

@@ -102,8 +102,9 @@ template <typename Bits>
 }
 
 // No NaN or Inf in t, for groups with an op that would turn them into numbers (kFiniteInputs).
-// LLGA tensors come from groups whose own inputs passed this check. Dense tensors are scanned in
-// memory order (the order does not matter for "any").
+// An LLGA tensor is scanned only when asked (llga_too: kScanLlgaToo); otherwise it came from a
+// group whose own inputs passed this check. Dense tensors are scanned in memory order (the order
+// does not matter for "any").
 // Large tensors are scanned on PyTorch's intra-op threads (XML-CNN scans a 1.2 MB input per group).
 template <typename Bits>
 bool any_nonfinite_parallel(const Bits* bits, int64_t n) {
@@ -140,8 +141,19 @@ bool any_nonfinite_rows(const at::Tensor& t) {
   return found.load();
 }
 
-bool all_finite(const at::Tensor& t) {
-  if (is_llga_tensor(t) || !at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
+// An LLGA tensor's memory in its oneDNN layout: a blocked one pads with zeros, which are finite.
+bool llga_all_finite(const at::Tensor& t) {
+  using dt = dnnl::graph::logical_tensor::data_type;
+  const auto& d = llga_impl(t).desc();
+  const void* data = llga_impl(t).data();
+  if (d.get_data_type() == dt::f32) return !any_nonfinite_parallel(static_cast<const uint32_t*>(data), d.get_mem_size() / 4);
+  if (d.get_data_type() == dt::bf16) return !any_nonfinite_parallel(static_cast<const uint16_t*>(data), d.get_mem_size() / 2);
+  return at::isfinite(llga_to_dense(t)).all().item<bool>();
+}
+
+bool all_finite(const at::Tensor& t, bool llga_too = false) {
+  if (!at::isFloatingType(t.scalar_type())) return true;  // quantized/int: no NaN
+  if (is_llga_tensor(t)) return !llga_too || llga_all_finite(t);
   const DtypeTraits* dtype = dtype_traits(t.scalar_type());
   if (dtype && (dtype->exponent_mask == 0x7f800000u || dtype->exponent_mask == 0x7f80u)) {  // fp32, bf16
     bool fp32 = dtype->exponent_mask == 0x7f800000u;
@@ -171,7 +183,8 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
     for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), expected[i], sizes, plain);
     if (ok && finite_inputs) {
       for (size_t i = 0; i < n && ok; ++i)
-        ok = given[i] == kNotScanned || (given[i] < 0 ? all_finite(inputs[i].toTensor()) : inputs[n + given[i]].toBool());
+        ok = given[i] == kNotScanned ||
+             (given[i] < 0 ? all_finite(inputs[i].toTensor(), given[i] == kScanLlgaToo) : inputs[n + given[i]].toBool());
       if (!ok) runtime::stats().nonfinite_fallbacks.fetch_add(1, std::memory_order_relaxed);
     }
     torch::jit::drop(stack, extra);
@@ -190,13 +203,14 @@ torch::jit::RegisterOperators registered({
     torch::jit::Operator(kGuard, make_guard, c10::AliasAnalysisKind::CONSERVATIVE),
     // The guards' shared NaN/Inf scan (see guard_shapes.cpp).
     torch::jit::Operator(
-        "llga::AllFinite(Tensor x) -> bool",
+        "llga::AllFinite(Tensor x, bool llga_too=False) -> bool",
         [](Stack& stack) {
           // It runs before the guards' other checks: only a tensor they can accept is scanned (an
           // answer for another one is never read: its guard fails first).
+          bool llga_too = torch::jit::pop(stack).toBool();
           const at::Tensor t = stack.back().toTensor();
           bool scannable = t.defined() && t.device().is_cpu() && plain_memory(t) && t.has_storage();
-          stack.back() = !scannable || all_finite(t);
+          stack.back() = !scannable || all_finite(t, llga_too);
         },
         c10::AliasAnalysisKind::FROM_SCHEMA),
 });
