@@ -130,7 +130,9 @@ Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritte
   std::vector<int64_t> given;
   bool inputs_clean = true;  // no NaN/Inf reaches any input: none leaves the group either
   for (Value* v : checked) {
-    bool finite = unwritten.count(v) && unscanned(v, tables);
+    auto dtype = v->type()->expect<torch::jit::TensorType>()->scalarType();
+    bool codes = dtype && !c10::isFloatingType(*dtype);  // int8 activations: no NaN to carry
+    bool finite = codes || (unwritten.count(v) && unscanned(v, tables));
     given.push_back(finite ? kNotScanned : scanned.count(v) ? -1 : kScanLlgaToo);
     inputs_clean &= finite || scanned.count(v);
   }
