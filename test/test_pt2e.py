@@ -106,12 +106,15 @@ class TinyEncoder(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.head = nn.Linear(d, 8)
 
-    def forward(self, x):
+    def attention_block(self, x):
         b, s, d = x.shape
         split = lambda t: t.view(b, s, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
         attention = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1) @ v
-        x = self.ln1(x + self.o(attention.transpose(1, 2).reshape(b, s, d)))
+        return self.ln1(x + self.o(attention.transpose(1, 2).reshape(b, s, d)))
+
+    def forward(self, x):
+        x = self.attention_block(x)
         x = self.ln2(x + self.fc2(F.gelu(self.fc1(x))))
         return self.head(x)
 
@@ -227,11 +230,7 @@ class EncoderReturningNorm(TinyEncoder):
     """TinyEncoder that also returns its first layer norm's output, the second residual input."""
 
     def forward(self, x):
-        b, s, d = x.shape
-        split = lambda t: t.view(b, s, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        attention = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1) @ v
-        h = self.ln1(x + self.o(attention.transpose(1, 2).reshape(b, s, d)))
+        h = self.attention_block(x)
         return self.head(self.ln2(h + self.fc2(F.gelu(self.fc1(h))))), h
 
 
