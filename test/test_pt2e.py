@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_llga
+from torch_llga.report import own_kernels
 from conftest import AVX512_KERNELS, CPU, requires_int8_kernels
 from resnet import resnet18
 
@@ -413,3 +414,35 @@ def test_bench_quantizes_a_model_that_computes_and_drops_a_value():
     with torch.no_grad():
         torch.testing.assert_close(out, quantized(x), rtol=0, atol=1e-5)
     assert int8_row_linear_group() in groups_of(graph)
+
+
+@pytest.mark.skipif(not AVX512_KERNELS, reason="the own quantize kernel runs with AVX-512")
+@pytest.mark.parametrize("dtype,zero_point", [(torch.quint8, 127), (torch.quint8, 0), (torch.qint8, -3)])
+def test_own_quantize_gives_pytorchs_codes(dtype, zero_point):
+    # Bit for bit: values at halves of a step (rounded to even), NaN, infinities, values past int32,
+    # and a length that leaves a partial vector.
+    scale = 0.0137
+    steps = torch.arange(-300, 300, dtype=torch.float64)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e38, -3e38, 0.0, -0.0])
+    x = torch.cat([((steps + 0.5) * scale).float(), special, torch.randn(40_000) * 3])
+    own = torch.ops.llga.quantize_per_tensor(x, scale, zero_point, dtype)
+    expected = torch.quantize_per_tensor(x, scale, zero_point, dtype)
+    assert own.dtype == dtype and own.q_scale() == scale and own.q_zero_point() == zero_point
+    assert torch.equal(own.int_repr(), expected.int_repr())
+
+
+@requires_int8_kernels
+def test_pt2e_encoder_quantizes_left_to_pytorch_run_the_own_kernel():
+    # The quantizes the fuser leaves to PyTorch (the input's, the attention output's, and the layer
+    # norms': quirk layer_norm_quantized_output) run llga::quantize_per_tensor from 16K values on
+    # (with AVX-512), with PyTorch's codes.
+    x = torch.randn(2, 128, 64)
+    reference = pt2e(TinyEncoder(), x)
+    compiled = torch_llga.compile(torch.export.export(reference, (x,)))
+    out, graph = warm(compiled, x)
+    own = graph.findAllNodes("llga::quantize_per_tensor", True)
+    assert len(own) == (4 if AVX512_KERNELS else 0), own
+    assert own_kernels(graph).count("llga::quantize_per_tensor") == len(own)  # explain() names them
+    assert sum(g.count("linear") for g in groups_of(graph)) == 7
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))

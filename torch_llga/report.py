@@ -28,6 +28,7 @@ OWN_KERNELS = {
     "llga::rms_norm_row_linear": "RMSNorm and the linear of 1-4 rows that alone reads it",
     "llga::decode_attention": "attention of a decoder's 1-8 queries over its KV cache, grouped heads read in place",
     "llga::widened_linear": "bf16 linear as fp32 GEMMs on the weight widened block by block (no oneDNN bf16 kernels here)",
+    "llga::quantize_per_tensor": "fp32 -> int8 quantize left to PyTorch, 16K+ values, PyTorch's codes",
 }
 
 

@@ -100,6 +100,7 @@ void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga:
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque
 void InsertGuards(std::shared_ptr<Graph>& g);      // profiled-type checks with unfused fallback
 void InPlaceActivations(std::shared_ptr<Graph>& g);  // a PyTorch GELU or clamp of a group's fresh output (or a view of it) -> in place
+void QuantizeOwnKernel(std::shared_ptr<Graph>& g);  // PyTorch's quantizes of large fp32 tensors -> llga::quantize_per_tensor
 
 // The whole pipeline (no-op while torch_llga is disabled).
 void RunPipeline(std::shared_ptr<Graph>& g);

@@ -34,6 +34,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   PropagateLayout(g);
   InsertGuards(g);
   InPlaceActivations(g);
+  QuantizeOwnKernel(g);
   // What the guards checked must not leak into later passes as facts.
   torch::jit::RemoveTensorTypeSpecializations(g);
   GRAPH_DUMP("After torch_llga", g);
