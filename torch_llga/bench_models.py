@@ -176,6 +176,7 @@ def with_batch_norm_statistics(model, size):
     if not norms:
         return model
     generator = torch.Generator().manual_seed(1)
+    momenta = [m.momentum for m in norms]  # MobileNetV3's are 0.01
     model.train()
     for m in norms:
         m.reset_running_stats()
@@ -183,8 +184,8 @@ def with_batch_norm_statistics(model, size):
     with torch.no_grad():
         for _ in range(2):
             model(torch.rand(8, 3, size, size, generator=generator))
-    for m in norms:
-        m.momentum = 0.1
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
     return model.eval()
 
 
