@@ -15,6 +15,7 @@
 #include "build_info.h"
 #include "onednn/buffer_pool.h"
 #include "onednn/torch_onednn.h"
+#include "state_snapshot.h"
 
 PYBIND11_MODULE(_C, m) {
   // torch's oneDNN could not be bound (see torch_onednn.h): the import fails with the reason.
@@ -32,17 +33,12 @@ PYBIND11_MODULE(_C, m) {
     llga::runtime::set_shape_policy(compile ? llga::runtime::ShapePolicy::kCompile : llga::runtime::ShapePolicy::kFallback);
   });
   m.def("_shape_policy_is_compile", [] { return llga::runtime::shape_policy() == llga::runtime::ShapePolicy::kCompile; });
-  // Whether tensors[i]._version == versions[i] for every i: the torch.compile and export doors'
-  // per-call check of a model's weights, one call for hundreds of them.
-  m.def("_versions_equal", [](const pybind11::tuple& tensors, const pybind11::tuple& versions) {
-    if (tensors.size() != versions.size()) return false;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      PyObject* t = PyTuple_GET_ITEM(tensors.ptr(), i);
-      if (!THPVariable_Check(t) || THPVariable_Unpack(t)._version() != PyLong_AsLongLong(PyTuple_GET_ITEM(versions.ptr(), i)))
-        return false;
-    }
-    return true;
-  });
+  // The state a script holds baked in (a model's parameters and buffers), checked on every call of
+  // the torch.compile and export doors: the same tensor objects, none written in place (version) or
+  // given other memory (`p.data = t`) since: one C++ call for hundreds of weights.
+  pybind11::class_<llga::StateSnapshot>(m, "StateSnapshot")
+      .def(pybind11::init<const pybind11::sequence&, const std::vector<int64_t>&>())
+      .def("holds", &llga::StateSnapshot::holds);
   m.def("_set_cache_capacity", &llga::runtime::set_cache_capacity);
   m.def("_cache_capacity", &llga::runtime::cache_capacity);
   m.def("_release", [](const std::shared_ptr<torch::jit::Graph>& g) { return llga::release_compiled_partitions(g.get()); });

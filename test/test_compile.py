@@ -177,16 +177,31 @@ def test_an_int_argument_that_is_no_size_gets_a_script_per_value():
     assert torch_llga.stats()["compile_scripts"] - before == 3  # 2 (a static graph), then 3 and 4 baked in
 
 
-def test_a_weight_written_in_place_compiles_again():
+def write_in_place(weight):
+    weight.mul_(2)
+
+
+def give_other_memory(weight):
+    weight.data = weight.data * 2  # the version stays: the storage tells
+
+
+@pytest.mark.parametrize("change", [write_in_place, give_other_memory])
+@pytest.mark.parametrize("door", ["compile", "export"])
+def test_a_changed_weight_compiles_again(door, change):
     model, x = ConvNet().eval(), torch.randn(1, 3, 16, 16)
-    compiled = torch.compile(model, backend="torch_llga")
-    run_three_times(compiled, x)
+    if door == "compile":
+        compiled, weight = torch.compile(model, backend="torch_llga"), model.fc.weight
+    else:
+        program = torch.export.export(model, (x,))
+        compiled, weight = torch_llga.compile(program), program.state_dict["fc.weight"]
+    first, _ = run_three_times(compiled, x)
     with torch.no_grad():
-        model.fc.weight.mul_(2)  # the frozen graph's constant is stale now
+        change(weight)  # the frozen graph's constant is stale now
     out, delta = run_three_times(compiled, x)
     with torch.no_grad():
-        torch.testing.assert_close(out, model(x), **FP32)
-    assert delta["executions"] == 3
+        expected = model(x) if door == "compile" else program.module()(x)
+        torch.testing.assert_close(out, expected, **FP32)
+    assert not torch.allclose(out, first) and delta["executions"] == 3
 
 
 def test_gradients_run_eager_with_a_warning():

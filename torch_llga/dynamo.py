@@ -166,19 +166,12 @@ def _numbers_out(graph):
     return recipe
 
 
-def _picker(indices):
-    """A function taking a sequence to the tuple of its items at `indices`."""
-    if len(indices) > 1:
-        return operator.itemgetter(*indices)
-    return (lambda seq: (seq[indices[0]],)) if indices else (lambda seq: ())
-
-
 class _FxScripts:
     """One FX graph whose inputs play roles: "state" (a parameter or buffer: baked in as a constant,
-    checked on every call: one replaced or written in place compiles again), "tensor" (an input of the
-    script), "size" (an int that is dimension `dim` of input `of`: read from it inside the script),
-    "value" (any other scalar: baked in, one script per value) and "scalar" (a 0-dim tensor input
-    whose value the graph reads: baked in, one script per value)."""
+    checked on every call: one replaced, written in place or given other memory compiles again),
+    "tensor" (an input of the script), "size" (an int that is dimension `dim` of input `of`: read
+    from it inside the script), "value" (any other scalar: baked in, one script per value) and
+    "scalar" (a 0-dim tensor input whose value the graph reads: baked in, one script per value)."""
 
     def __init__(self, gm, roles, output_spec=None):
         self.gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the caller keeps its graph
@@ -192,7 +185,6 @@ class _FxScripts:
         roles = [("scalar",) if i in read else r for i, r in enumerate(roles)]
         self.roles, self.output_spec = roles, output_spec
         self.state = [i for i, r in enumerate(roles) if r[0] == "state"]
-        self._state_of = _picker(self.state)
         self.tensors = [i for i, r in enumerate(roles) if r[0] == "tensor"]
         self.values = [i for i, r in enumerate(roles) if r[0] == "value"]
         self.scalars = [i for i, r in enumerate(roles) if r[0] == "scalar"]
@@ -216,22 +208,21 @@ class _FxScripts:
                               for n in pytree.tree_leaves(outputs)]
         self.checked = set()  # input sizes the one script ran right at (_first_call_at)
         self.scripts = collections.OrderedDict()  # key -> frozen script, least recently used first
-        self.baked = None  # (tensors, versions) of the state the scripts hold
+        self.baked = None  # _C.StateSnapshot of the state the scripts hold
         self.lock = threading.Lock()
 
     def _key(self, args):
+        if self.generic and not self.values and not self.scalars:
+            return ()  # one script for every call (a model's usual case: no Python step each call)
         key = tuple(args[i] for i in self.values) + tuple(args[i].item() for i in self.scalars)
         if not self.generic:  # traced per input size (and layout)
             key += tuple((args[i].shape, args[i].stride()) for i in self.tensors)
         return key
 
     def _state_baked(self, args):
-        """Is the state in args what the scripts hold: the same tensors, none written since?"""
-        # In C: a model's hundreds of weights checked without a Python step each.
-        if self.baked is None:
-            return False
-        tensors, versions = self.baked
-        return all(map(operator.is_, self._state_of(args), tensors)) and _C._versions_equal(tensors, versions)
+        """Is the state in args what the scripts hold: the same tensors, none written or given other
+        memory since?"""
+        return self.baked is not None and self.baked.holds(args)
 
     def script(self, args):
         """The frozen script for these arguments (traced now if none fits)."""
@@ -242,8 +233,7 @@ class _FxScripts:
         with self.lock:
             if not self._state_baked(args):
                 self.scripts.clear()  # a weight was replaced or written in place: every script holds it
-                tensors = self._state_of(args)
-                self.baked = tensors, tuple(t._version for t in tensors)
+                self.baked = _C.StateSnapshot(args, self.state)
             key = self._key(args)
             if key not in self.scripts:
                 self.scripts[key] = self._trace(args)
@@ -533,11 +523,17 @@ class CompiledProgram:
         self.scripts = _FxScripts(gm, _roles(fakes, is_state),
                                   program.call_spec.out_spec)
         self.in_spec = program.call_spec.in_spec
+        # Tensors alone, positional: the inputs as they come (pytree's walk cost ~15 us a call)
+        self.positional_tensors = self.in_spec == pytree.tree_flatten((tuple(range(len(self.user_positions))), {}))[1]
 
     def _args(self, args, kwargs):
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self.in_spec:
-            raise TypeError(f"the exported program takes inputs structured as {self.in_spec}, not {spec}")
+        if self.positional_tensors and not kwargs and len(args) == len(self.user_positions) \
+                and all(type(a) is torch.Tensor for a in args):
+            flat = args
+        else:
+            flat, spec = pytree.tree_flatten((args, kwargs))
+            if spec != self.in_spec:
+                raise TypeError(f"the exported program takes inputs structured as {self.in_spec}, not {spec}")
         full = self.state.copy()  # the state in place, the user's inputs at their positions
         for position, value in zip(self.user_positions, flat):
             full[position] = value
