@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import torch_llga
 from torch_llga.report import own_kernels
-from conftest import AVX512_KERNELS, CPU, requires_int8_kernels
+from conftest import AVX2, AVX512_KERNELS, CPU, requires_int8_kernels
 from resnet import resnet18
 
 pytest.importorskip("torchao")
@@ -431,6 +431,20 @@ def test_own_quantize_gives_pytorchs_codes(dtype, zero_point):
     assert torch.equal(own.int_repr(), expected.int_repr())
 
 
+@pytest.mark.skipif(not AVX2, reason="the own layer norm kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("n", [768, 100, 7, 1])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_own_layer_norm_matches_eager(n, affine):
+    x = torch.randn(3, 5, n) * 4 + 2
+    weight, bias = (torch.randn(n), torch.randn(n)) if affine else (None, None)
+    x[1, 2, 0], x[2, 0, -1] = float("nan"), float("inf")  # their rows are NaN, as eager's; the rest stay
+    own = torch.ops.llga.layer_norm(x, [n], weight, bias, 1e-5)
+    torch.testing.assert_close(own, F.layer_norm(x, (n,), weight, bias, 1e-5), rtol=1e-5, atol=1e-5, equal_nan=True)
+    strided = x[..., ::2]  # not dense: PyTorch's kernel, the same result
+    torch.testing.assert_close(torch.ops.llga.layer_norm(strided, [strided.size(-1)], None, None, 1e-5),
+                               F.layer_norm(strided, strided.shape[-1:]), rtol=0, atol=0, equal_nan=True)
+
+
 @requires_int8_kernels
 def test_pt2e_encoder_quantizes_left_to_pytorch_run_the_own_kernel():
     # The quantizes the fuser leaves to PyTorch (the input's, the attention output's, and the layer
@@ -443,6 +457,10 @@ def test_pt2e_encoder_quantizes_left_to_pytorch_run_the_own_kernel():
     own = graph.findAllNodes("llga::quantize_per_tensor", True)
     assert len(own) == (4 if AVX512_KERNELS else 0), own
     assert own_kernels(graph).count("llga::quantize_per_tensor") == len(own)  # explain() names them
+    # The two layer norms, whose outputs those quantizes read, run llga::layer_norm (AVX2).
+    norms = graph.findAllNodes("llga::layer_norm", True)
+    assert len(norms) == (2 if AVX2 else 0) and own_kernels(graph).count("llga::layer_norm") == len(norms)
+    assert not [g for g in groups_of(graph) if "layer_norm" in g] or not AVX2
     assert sum(g.count("linear") for g in groups_of(graph)) == 7
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))

@@ -29,6 +29,7 @@ OWN_KERNELS = {
     "llga::decode_attention": "attention of a decoder's 1-8 queries over its KV cache, grouped heads read in place",
     "llga::widened_linear": "bf16 linear as fp32 GEMMs on the weight widened block by block (no oneDNN bf16 kernels here)",
     "llga::quantize_per_tensor": "fp32 -> int8 quantize left to PyTorch, 16K+ values, PyTorch's codes",
+    "llga::layer_norm": "layer norm whose output a quantize reads (oneDNN's with the quantize fused is its reference kernel)",
 }
 
 

@@ -128,7 +128,7 @@ constexpr Quirk kQuirks[] = {
     {"layer_norm_quantized_output",
      "A LayerNorm whose output a Quantize takes (u8 dst, the scale and zero point as post-ops) runs the reference kernel: [1, 197, 768] 6.8-18.5 ms against 0.06 for the LayerNorm alone.",
      "3.12.0", "", "test/test_int8.py::test_quantize_of_a_layer_norm_stays_apart",
-     "layer_norm_quantized_output (op_table.cpp)", ""},
+     "layer_norm_quantized_output (op_table.cpp, passes/own_layer_norm.cpp)", ""},
     {"pooling_reads_channels_last",
      "A 1-D or 3-D pooling of a plain (ncw, ncdhw) input runs the simple_nchw kernel, over 20x slower than PyTorch's (channels-last: a fast one).",
      "3.12.0", "", "test/test_ops.py::test_pooling_1d_3d_of_a_plain_input_stays_in_pytorch",

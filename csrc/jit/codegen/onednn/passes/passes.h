@@ -96,6 +96,7 @@ void PlanSmallGraph(std::shared_ptr<Graph>& g);    // a graph of tiny tensors ->
 void RowLinears(std::shared_ptr<Graph>& g);        // linears of 1-4 rows over large fp32/bf16 weights -> llga::row_linear
 void Int8RowLinears(std::shared_ptr<Graph>& g);    // int8 linears of 1-16 rows, no VNNI -> 1x1 int8 convolutions
 void WidenBf16Linears(std::shared_ptr<Graph>& g);  // other bf16 linears, no oneDNN bf16 kernels -> llga::widened_linear
+void LayerNormOwnKernel(std::shared_ptr<Graph>& g);  // layer norms whose output a quantize reads -> llga::layer_norm
 void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque
 void InsertGuards(std::shared_ptr<Graph>& g);      // profiled-type checks with unfused fallback

@@ -30,6 +30,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   RowLinears(g);
   Int8RowLinears(g);
   WidenBf16Linears(g);
+  LayerNormOwnKernel(g);
   FuseGraph(g);
   PropagateLayout(g);
   InsertGuards(g);
