@@ -21,8 +21,7 @@ class StateSnapshot {
       pybind11::object item = args[position];
       if (!THPVariable_Check(item.ptr())) throw pybind11::type_error("StateSnapshot takes tensors");
       const at::Tensor& t = THPVariable_Unpack(item.ptr());
-      entries_.push_back({position, item.ptr(), t.unsafeGetTensorImpl(), t._version(), data_of(t.unsafeGetTensorImpl())});
-      objects_.push_back(std::move(item));  // keeps the identities valid
+      entries_.push_back({position, item, t.unsafeGetTensorImpl(), t._version(), data_of(t.unsafeGetTensorImpl())});
     }
   }
 
@@ -36,7 +35,7 @@ class StateSnapshot {
     const Py_ssize_t size = PySequence_Fast_GET_SIZE(fast.ptr());
     PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
     for (const Entry& e : entries_) {
-      if (e.position >= size || items[e.position] != e.object) return false;
+      if (e.position >= size || items[e.position] != e.object.ptr()) return false;
       __builtin_prefetch(e.impl);
     }
     for (const Entry& e : entries_) {
@@ -54,13 +53,12 @@ class StateSnapshot {
 
   struct Entry {
     int64_t position;
-    PyObject* object;
+    pybind11::object object;  // held: its identity stays this tensor's
     c10::TensorImpl* impl;
     int64_t version;
     std::pair<const void*, int64_t> data;
   };
   std::vector<Entry> entries_;
-  std::vector<pybind11::object> objects_;
 };
 
 }  // namespace llga

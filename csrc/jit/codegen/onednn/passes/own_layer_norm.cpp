@@ -38,7 +38,7 @@ bool takes(const Node* n) {
   if (!constant_parameter(n->input(2), last) || !constant_parameter(n->input(3), last) || !torch::jit::toIValue(n->input(4)))
     return false;
   for (const torch::jit::Use& use : n->output()->uses())
-    if (use.user->kind() == c10::Symbol::fromQualString("aten::quantize_per_tensor") && quirks::layer_norm_quantized_output(use.user))
+    if (use.user->kind() == c10::aten::quantize_per_tensor && quirks::layer_norm_quantized_output(use.user))
       return true;
   return false;
 }
