@@ -12,6 +12,10 @@ Allowed: up to 32 of those inputs off by up to 2 steps each, so an output moves 
 PyTorch's quantize ops) ResNet-18 at 32x32 came out 0.029 off, under this bound of about 0.06; a
 wrong scale or zero point is off by tens of steps.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -144,6 +148,33 @@ def test_pt2e_resnet18_runs_int8_kernels():
     # Left to PyTorch: the input's quantize, and the flatten between the pool's and the linear's
     # int8 groups, of the pool's codes (PT2E's dequantize and quantize around it give them back).
     assert left_in_pytorch(graph) == ["aten::flatten", "aten::quantize_per_tensor"], left_in_pytorch(graph)
+
+
+def image_classifier():
+    """A CNN in brief: a strided conv of an RGB image, ReLU, pooled, a linear head."""
+    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(16, 10))
+
+
+def test_pt2e_quantized_image_goes_to_onednn_channels_last():
+    # The model's quantized input image (NCHW, 1-4 channels), which only the first conv reads, is
+    # interleaved to NHWC by torch_llga before that conv's partition reads it, as an fp32 image is
+    # (image_to_channels_last): oneDNN's own reorder took 30 us for MobileNetV2's 1x3x224x224 codes.
+    graph = fused_pt2e(image_classifier(), torch.randn(1, 3, 64, 64))
+    assert ["_convolution", "dequantize", "dequantize", "quantize_per_tensor", "relu"] in groups_of(graph), groups_of(graph)
+    code = f"""
+import sys, torch
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_pt2e import image_classifier, pt2e, warm
+x = torch.randn(1, 3, 64, 64)
+warm(torch.compile(pt2e(image_classifier(), x), backend="torch_llga"), x)
+"""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "TORCH_LLGA_SMALL_PLANS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    convs = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,graph,exec,") and "convolution" in line]
+    assert convs and all("in0_u8" in line and "1x3x64x64:12288s1s192s3" in line for line in convs), convs  # NHWC
+    primitives = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
+    assert not [line for line in primitives if ",reorder," in line and "1x3x64x64" in line]
 
 
 @requires_int8_kernels

@@ -8,6 +8,7 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/mapping/dtypes.h"
+#include "jit/codegen/onednn/runtime/inplace.h"
 #include "jit/codegen/onednn/runtime/to_dense.h"
 #include "onednn/buffer_pool.h"
 
@@ -50,10 +51,18 @@ void interleave(const T* in, T* out, int64_t n, int64_t c, int64_t plane) {
 // channels (60 us for 1x3x224x224 in ONEDNN_VERBOSE). A MobileNetV2-like stem, conv + depthwise
 // conv + pool: 133 us a call before, 117 after (AMD EPYC Zen 5, 2 threads). Other tensors (LLGA
 // ones too: a group's output is already in the layout oneDNN chose) are returned as they are.
+// An int8 model's quantized image likewise (1x3x224x224 u8: 30 us in oneDNN's reorder).
 at::Tensor image_to_channels_last(const at::Tensor& t) {
   if (!t.defined() || is_llga_tensor(t) || t.dim() != 4 || t.size(1) > 4 || t.numel() == 0 || !t.is_contiguous() ||
       t.is_contiguous(at::MemoryFormat::ChannelsLast))
     return t;
+  if (t.is_quantized()) {
+    if (t.qscheme() != at::kPerTensorAffine || t.element_size() != 1) return t;
+    at::Tensor out = new_quantized_output(t.sizes(), t.scalar_type(), t.q_scale(), t.q_zero_point(), at::MemoryFormat::ChannelsLast);
+    interleave(static_cast<const uint8_t*>(t.const_data_ptr()), static_cast<uint8_t*>(out.data_ptr()), t.size(0), t.size(1),
+               t.size(2) * t.size(3));
+    return out;
+  }
   const DtypeTraits* dtype = dtype_traits(t.scalar_type());
   if (!dtype || !dtype->floating || (t.element_size() != 4 && t.element_size() != 2)) return t;
   // From the buffer pool: the same size comes back on every call (fresh memory: a fault per page).

@@ -74,10 +74,13 @@ at::Tensor readable(const at::Tensor& t, bool any_dense, bool read_by_matmul, bo
   return t.contiguous();
 }
 
-// Whether v is read only as a convolution's source (see image_to_channels_last()).
+// Whether v is read only as a convolution's source (see image_to_channels_last()), directly or
+// through a dequantize (an int8 model's quantized input).
 bool read_as_conv_source_only(const Value* v) {
   for (const auto& use : v->uses()) {
     const OpEntry* e = find_entry(use.user);
+    if (e && e->kind == dnnl::graph::op::kind::Dequantize && use.offset == 0 && read_as_conv_source_only(use.user->output()))
+      continue;
     if (!e || e->kind != dnnl::graph::op::kind::Convolution || use.offset != 0) return false;
   }
   return !v->uses().empty();
