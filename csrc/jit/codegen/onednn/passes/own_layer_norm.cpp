@@ -8,6 +8,7 @@
 
 #include "jit/codegen/onednn/kernels/layer_norm.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
+#include "jit/codegen/onednn/passes/own_kernel_nodes.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/settings/settings.h"
 
@@ -43,21 +44,11 @@ bool takes(const Node* n) {
   return false;
 }
 
-void own_layer_norms(torch::jit::Block* block) {
-  for (Node* n : block->nodes()) {
-    for (torch::jit::Block* b : n->blocks()) own_layer_norms(b);
-    if (!takes(n)) continue;
-    Node* own = block->owningGraph()->create(kLayerNorm, n->inputs().slice(0, 5), 1)->insertBefore(n);
-    own->output()->copyMetadata(n->output());
-    n->output()->replaceAllUsesWith(own->output());
-  }
-}
-
 }  // namespace
 
 void LayerNormOwnKernel(std::shared_ptr<Graph>& g) {
   if (!runtime::own_kernels_enabled() || !own_layer_norm_runs()) return;
-  own_layer_norms(g->block());
+  replace_with_own_kernel(g->block(), takes, kLayerNorm, 5);
   torch::jit::EliminateDeadCode(g);
   GRAPH_DUMP("After LayerNormOwnKernel", g);
 }

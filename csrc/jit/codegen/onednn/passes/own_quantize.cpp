@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 
 #include "jit/codegen/onednn/kernels/quantize.h"
+#include "jit/codegen/onednn/passes/own_kernel_nodes.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/settings/settings.h"
 
@@ -20,21 +21,11 @@ bool takes(const Node* n) {
   return x && x->scalarType() == at::kFloat && x->numel() && *x->numel() >= kOwnQuantizeMinElements;
 }
 
-void own_quantizes(torch::jit::Block* block) {
-  for (Node* n : block->nodes()) {
-    for (torch::jit::Block* b : n->blocks()) own_quantizes(b);
-    if (!takes(n)) continue;
-    Node* own = block->owningGraph()->create(kQuantizePerTensor, n->inputs(), 1)->insertBefore(n);
-    own->output()->copyMetadata(n->output());
-    n->output()->replaceAllUsesWith(own->output());
-  }
-}
-
 }  // namespace
 
 void QuantizeOwnKernel(std::shared_ptr<Graph>& g) {
   if (!runtime::own_kernels_enabled() || !own_quantize_runs()) return;
-  own_quantizes(g->block());
+  replace_with_own_kernel(g->block(), takes, kQuantizePerTensor, 4);
   torch::jit::EliminateDeadCode(g);
   GRAPH_DUMP("After QuantizeOwnKernel", g);
 }
