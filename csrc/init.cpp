@@ -15,6 +15,7 @@
 #include "build_info.h"
 #include "onednn/buffer_pool.h"
 #include "onednn/torch_onednn.h"
+#include "script_door.h"
 #include "state_snapshot.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -39,6 +40,7 @@ PYBIND11_MODULE(_C, m) {
   pybind11::class_<llga::StateSnapshot>(m, "StateSnapshot")
       .def(pybind11::init<const pybind11::sequence&, const std::vector<int64_t>&>())
       .def("holds", &llga::StateSnapshot::holds);
+  llga::bind_script_door(m);
   m.def("_set_cache_capacity", &llga::runtime::set_cache_capacity);
   m.def("_cache_capacity", &llga::runtime::cache_capacity);
   m.def("_release", [](const std::shared_ptr<torch::jit::Graph>& g) { return llga::release_compiled_partitions(g.get()); });

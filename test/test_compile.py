@@ -204,6 +204,61 @@ def test_a_changed_weight_compiles_again(door, change):
     assert not torch.allclose(out, first) and delta["executions"] == 3
 
 
+@pytest.fixture
+def python_path(monkeypatch):
+    """The calls that took the doors' Python path (_FxScripts.__call__), not _C.ScriptDoor."""
+    calls = []
+    original = torch_llga.dynamo._FxScripts.__call__
+    monkeypatch.setattr(torch_llga.dynamo._FxScripts, "__call__", lambda self, args: calls.append(1) or original(self, args))
+    return calls
+
+
+@pytest.mark.parametrize("door", ["compile", "export"])
+def test_the_usual_call_skips_the_python_path(door, python_path):
+    # Once a call ran the one script, calls go through _C.ScriptDoor; a changed weight sends one
+    # call back to the Python path, which traces again, and the door runs the new script.
+    model, x = ConvNet().eval(), torch.randn(1, 3, 16, 16)
+    if door == "compile":
+        compiled, weight = torch.compile(model, backend="torch_llga"), model.fc.weight
+    else:
+        program = torch.export.export(model, (x,))
+        compiled, weight = torch_llga.compile(program), program.state_dict["fc.weight"]
+    reference = model if door == "compile" else program.module()
+    run_three_times(compiled, x)
+    for change in (None, write_in_place):
+        if change:
+            with torch.no_grad():
+                change(weight)
+        before = len(python_path)
+        out, delta = run_three_times(compiled, x)
+        with torch.no_grad():
+            torch.testing.assert_close(out, reference(x), **FP32)
+        assert delta["executions"] == 3 and len(python_path) - before == (1 if change else 0)
+    if door == "export":  # a tensor subclass: its Python methods run on the Python path
+        before = len(python_path)
+        with torch.no_grad():
+            compiled(x.as_subclass(MarkedTensor))
+        assert len(python_path) == before + 1
+
+
+class MarkedTensor(torch.Tensor):
+    pass
+
+
+def test_a_dynamic_program_takes_the_door_at_each_checked_size(python_path):
+    model, batch = ConvNet().eval(), torch.export.Dim("batch", min=1, max=8)
+    program = torch.export.export(model, (torch.randn(2, 3, 16, 16),), dynamic_shapes=({0: batch},))
+    compiled = torch_llga.compile(program)
+    for n in (2, 3, 2):
+        x = torch.randn(n, 3, 16, 16)
+        with torch.no_grad():
+            compiled(x)  # a new size: the Python path checks the script at it
+            before = len(python_path)
+            out = compiled(x)
+            torch.testing.assert_close(out, model(x), **FP32)
+        assert len(python_path) == before
+
+
 def test_gradients_run_eager_with_a_warning():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     x = torch.randn(2, 8, requires_grad=True)

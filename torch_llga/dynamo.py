@@ -219,6 +219,20 @@ class _FxScripts:
             key += tuple((args[i].shape, args[i].stride()) for i in self.tensors)
         return key
 
+    def door(self, args, positions, num_args):
+        """A _C.ScriptDoor, after a call with `args` ran: calls of num_args positional arguments
+        whose script inputs are at `positions` run the one script in one C++ call (at the sizes of
+        this call, where they are symbolic: others go to _first_call_at). None where calls need
+        this Python path (a script per size or value, numbers returned beside the tensors)."""
+        with self.lock:
+            if not (self.generic and not self.values and not self.scalars and self.numbers_out is None
+                    and self.baked is not None and len(self.scripts) == 1):
+                return None
+            sizes = [list(args[i].shape) for i in self.tensors] if self.symbols else []
+            if sizes and tuple(args[i].shape for i in self.tensors) not in self.checked:
+                return None
+            return _C.ScriptDoor(next(iter(self.scripts.values())), self.baked, list(positions), num_args, sizes, _MISS)
+
     def _state_baked(self, args):
         """Is the state in args what the scripts hold: the same tensors, none written or given other
         memory since?"""
@@ -441,6 +455,9 @@ def _written_in_place(graph):
     return written
 
 
+_MISS = object()  # a _C.ScriptDoor's answer to a call it leaves to the Python path
+
+
 def _needs_gradients(args):
     return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
@@ -463,12 +480,17 @@ class _Compiled:
             return placeholders[i] not in written and (
                 isinstance(x, torch.nn.Parameter) or (isinstance(x, torch.Tensor) and "_buffers_" in placeholders[i].name))
         self.untraceable = False
+        self.door = None  # _C.ScriptDoor, once a call ran the one script
         try:
             self.scripts = _FxScripts(gm, _roles(fakes, is_state))
         except TraceError as e:
             self._give_up(e)
 
     def __call__(self, *args):
+        if self.door is not None:  # the usual call, in C++
+            out = self.door(args, args)
+            if out is not _MISS:
+                return out
         # Parameters count: outside no_grad an eager call would record them for backward.
         if _needs_gradients(args):
             _warn_once("torch_llga runs inference only: a call that needs gradients runs eager "
@@ -476,9 +498,12 @@ class _Compiled:
             return self.gm(*args)
         if not self.untraceable:
             try:
-                return self.scripts(args)
+                out = self.scripts(args)
             except TraceError as e:
                 self._give_up(e)
+            else:
+                self.door = self.scripts.door(args, self.scripts.tensors, len(args))
+                return out
         return self.gm(*args)
 
     def _give_up(self, error):
@@ -525,6 +550,7 @@ class CompiledProgram:
         self.in_spec = program.call_spec.in_spec
         # Tensors alone, positional: the inputs as they come (pytree's walk cost ~15 us a call)
         self.positional_tensors = self.in_spec == pytree.tree_flatten((tuple(range(len(self.user_positions))), {}))[1]
+        self.door = None  # _C.ScriptDoor, once a call ran the one script
 
     def _args(self, args, kwargs):
         if self.positional_tensors and not kwargs and len(args) == len(self.user_positions) \
@@ -540,12 +566,20 @@ class CompiledProgram:
         return full
 
     def __call__(self, *args, **kwargs):
+        if self.door is not None and not kwargs:  # the usual call, in C++
+            out = self.door(self.state, args)
+            if out is not _MISS:
+                return out
         full = self._args(args, kwargs)
         if _needs_gradients(full):
             _warn_once("torch_llga runs inference only: a call that needs gradients runs eager "
                        "(call the program under torch.no_grad() or torch.inference_mode() to fuse)")
             return self.program.module()(*args, **kwargs)
-        return self.scripts(full)
+        out = self.scripts(full)
+        # The door takes the user's tensors as they come: only where they are the script's inputs.
+        if self.positional_tensors and self.scripts.tensors == self.user_positions:
+            self.door = self.scripts.door(full, range(len(self.user_positions)), len(self.user_positions))
+        return out
 
     def save(self, path, *example_args, **example_kwargs):
         """Writes the program as a frozen TorchScript file taking the program's inputs flattened in
