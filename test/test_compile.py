@@ -185,22 +185,27 @@ def give_other_memory(weight):
     weight.data = weight.data * 2  # the version stays: the storage tells
 
 
+def convnet_through(door, x):
+    """(the eager model, the compiled one, its classifier's weight as the compiled one reads it)
+    for a ConvNet through the torch.compile or the export door."""
+    model = ConvNet().eval()
+    if door == "compile":
+        return model, torch.compile(model, backend="torch_llga"), model.fc.weight
+    program = torch.export.export(model, (x,))
+    return program.module(), torch_llga.compile(program), program.state_dict["fc.weight"]
+
+
 @pytest.mark.parametrize("change", [write_in_place, give_other_memory])
 @pytest.mark.parametrize("door", ["compile", "export"])
 def test_a_changed_weight_compiles_again(door, change):
-    model, x = ConvNet().eval(), torch.randn(1, 3, 16, 16)
-    if door == "compile":
-        compiled, weight = torch.compile(model, backend="torch_llga"), model.fc.weight
-    else:
-        program = torch.export.export(model, (x,))
-        compiled, weight = torch_llga.compile(program), program.state_dict["fc.weight"]
+    x = torch.randn(1, 3, 16, 16)
+    reference, compiled, weight = convnet_through(door, x)
     first, _ = run_three_times(compiled, x)
     with torch.no_grad():
         change(weight)  # the frozen graph's constant is stale now
     out, delta = run_three_times(compiled, x)
     with torch.no_grad():
-        expected = model(x) if door == "compile" else program.module()(x)
-        torch.testing.assert_close(out, expected, **FP32)
+        torch.testing.assert_close(out, reference(x), **FP32)
     assert not torch.allclose(out, first) and delta["executions"] == 3
 
 
@@ -217,13 +222,8 @@ def python_path(monkeypatch):
 def test_the_usual_call_skips_the_python_path(door, python_path):
     # Once a call ran the one script, calls go through _C.ScriptDoor; a changed weight sends one
     # call back to the Python path, which traces again, and the door runs the new script.
-    model, x = ConvNet().eval(), torch.randn(1, 3, 16, 16)
-    if door == "compile":
-        compiled, weight = torch.compile(model, backend="torch_llga"), model.fc.weight
-    else:
-        program = torch.export.export(model, (x,))
-        compiled, weight = torch_llga.compile(program), program.state_dict["fc.weight"]
-    reference = model if door == "compile" else program.module()
+    x = torch.randn(1, 3, 16, 16)
+    reference, compiled, weight = convnet_through(door, x)
     run_three_times(compiled, x)
     for change in (None, write_in_place):
         if change:
