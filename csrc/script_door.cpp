@@ -62,8 +62,9 @@ class ScriptDoor {
   // state: the sequence the snapshot's positions index (the call's arguments, or the program's
   // state list); args: the call's positional arguments.
   py::object call(const py::sequence& state, const py::tuple& args) const {
-    if (at::GradMode::is_enabled() || torch::jit::tracer::isTracing()) return miss_;
+    if (torch::jit::tracer::isTracing()) return miss_;
     if (PyTuple_GET_SIZE(args.ptr()) != num_args_) return miss_;
+    if (at::GradMode::is_enabled() && (needs_gradients(state) || needs_gradients(args))) return miss_;
     torch::jit::Stack stack;
     stack.reserve(inputs_.size());
     for (size_t k = 0; k < inputs_.size(); ++k) {
@@ -78,12 +79,24 @@ class ScriptDoor {
     {
       py::gil_scoped_release no_gil;
       ThreadSwitchOn on;
+      at::AutoGradMode no_grad(false);  // as the Python path runs it, whatever the caller's mode
       out = forward_(std::move(stack));
     }
     return torch::jit::toPyObject(std::move(out));
   }
 
  private:
+  // The Python path's rule (_needs_gradients): with grad mode on, a call some tensor of which
+  // requires gradients runs eager (grad mode on and none: it runs fused, under no_grad).
+  static bool needs_gradients(const py::sequence& items) {
+    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(items.ptr(), "a sequence"));
+    if (!fast) throw py::error_already_set();
+    PyObject** item = PySequence_Fast_ITEMS(fast.ptr());
+    for (Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(fast.ptr()); i < n; ++i)
+      if (THPVariable_Check(item[i]) && THPVariable_Unpack(item[i]).requires_grad()) return true;
+    return false;
+  }
+
   torch::jit::Method forward_;  // holds the module
   py::object snapshot_object_;  // keeps snapshot_ alive
   const StateSnapshot* snapshot_;

@@ -234,11 +234,17 @@ def test_the_usual_call_skips_the_python_path(door, python_path):
         with torch.no_grad():
             torch.testing.assert_close(out, reference(x), **FP32)
         assert delta["executions"] == 3 and len(python_path) - before == (1 if change else 0)
-    if door == "export":  # a tensor subclass: its Python methods run on the Python path
+    if door == "export":  # (torch.compile recompiles for either: Dynamo guards on them)
         before = len(python_path)
-        with torch.no_grad():
+        with torch.no_grad():  # a tensor subclass: its Python methods run on the Python path
             compiled(x.as_subclass(MarkedTensor))
         assert len(python_path) == before + 1
+        reference.requires_grad_(False)  # grad mode on, nothing needing gradients: fused, by the door
+        compiled(x)
+        before = len(python_path)
+        out = compiled(x)
+        assert len(python_path) == before and not out.requires_grad
+        torch.testing.assert_close(out, reference(x), **FP32)
 
 
 class MarkedTensor(torch.Tensor):

@@ -209,6 +209,7 @@ class _FxScripts:
         self.checked = set()  # input sizes the one script ran right at (_first_call_at)
         self.scripts = collections.OrderedDict()  # key -> frozen script, least recently used first
         self.baked = None  # _C.StateSnapshot of the state the scripts hold
+        self.last_door = None  # (key, the _C.ScriptDoor door() last built)
         self.lock = threading.Lock()
 
     def _key(self, args):
@@ -231,7 +232,13 @@ class _FxScripts:
             sizes = [list(args[i].shape) for i in self.tensors] if self.symbols else []
             if sizes and tuple(args[i].shape for i in self.tensors) not in self.checked:
                 return None
-            return _C.ScriptDoor(next(iter(self.scripts.values())), self.baked, list(positions), num_args, sizes, _MISS)
+            script = next(iter(self.scripts.values()))
+            # The same door again where nothing changed (calls the door leaves to this path, one
+            # after another, need not build one each).
+            key = (id(script), id(self.baked), tuple(positions), num_args, str(sizes))
+            if self.last_door is None or self.last_door[0] != key:
+                self.last_door = (key, _C.ScriptDoor(script, self.baked, list(positions), num_args, sizes, _MISS))
+            return self.last_door[1]
 
     def _state_baked(self, args):
         """Is the state in args what the scripts hold: the same tensors, none written or given other
@@ -487,8 +494,9 @@ class _Compiled:
             self._give_up(e)
 
     def __call__(self, *args):
-        if self.door is not None:  # the usual call, in C++
-            out = self.door(args, args)
+        door = self.door
+        if door is not None:  # the usual call, in C++
+            out = door(args, args)
             if out is not _MISS:
                 return out
         # Parameters count: outside no_grad an eager call would record them for backward.
@@ -507,7 +515,7 @@ class _Compiled:
         return self.gm(*args)
 
     def _give_up(self, error):
-        self.untraceable = True
+        self.untraceable, self.door = True, None
         _warn_once(f"torch_llga could not trace a graph to TorchScript ({error}): that graph runs eager, "
                    "unfused. TORCH_LOGS=graph_code shows it; a graph break "
                    "(torch._dynamo.graph_break()) before the op named keeps the rest fused")
@@ -566,8 +574,9 @@ class CompiledProgram:
         return full
 
     def __call__(self, *args, **kwargs):
-        if self.door is not None and not kwargs:  # the usual call, in C++
-            out = self.door(self.state, args)
+        door = self.door
+        if door is not None and not kwargs:  # the usual call, in C++
+            out = door(self.state, args)
             if out is not _MISS:
                 return out
         full = self._args(args, kwargs)
