@@ -66,7 +66,7 @@ class ScriptDoor {
     if (PyTuple_GET_SIZE(args.ptr()) != num_args_) return miss_;
     if (at::GradMode::is_enabled() && (needs_gradients(state) || needs_gradients(args))) return miss_;
     torch::jit::Stack stack;
-    stack.reserve(inputs_.size());
+    stack.reserve(inputs_.size() + 1);  // Method's call puts the module in front: no second allocation
     for (size_t k = 0; k < inputs_.size(); ++k) {
       PyObject* item = PyTuple_GET_ITEM(args.ptr(), inputs_[k]);
       if (!THPVariable_CheckExact(item)) return miss_;  // a subclass's Python methods run on the Python path

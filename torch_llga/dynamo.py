@@ -235,7 +235,7 @@ class _FxScripts:
             script = next(iter(self.scripts.values()))
             # The same door again where nothing changed (calls the door leaves to this path, one
             # after another, need not build one each).
-            key = (id(script), id(self.baked), tuple(positions), num_args, str(sizes))
+            key = (id(script), id(self.baked), tuple(positions), num_args, tuple(map(tuple, sizes)))
             if self.last_door is None or self.last_door[0] != key:
                 self.last_door = (key, _C.ScriptDoor(script, self.baked, list(positions), num_args, sizes, _MISS))
             return self.last_door[1]
