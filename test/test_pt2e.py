@@ -171,9 +171,14 @@ warm(torch.compile(pt2e(image_classifier(), x), backend="torch_llga"), x)
 """
     env = {**os.environ, "ONEDNN_VERBOSE": "1", "TORCH_LLGA_SMALL_PLANS": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    convs = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,graph,exec,") and "convolution" in line]
-    assert convs and all("in0_u8" in line and "1x3x64x64:12288s1s192s3" in line for line in convs), convs  # NHWC
+    # The conv runs as a partition, or (an int8 conv group on a CPU with VNNI: int8_conv.h) as a
+    # primitive; either reads the codes NHWC.
+    partitions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,graph,exec,") and "convolution" in line]
+    assert all("in0_u8" in line and "1x3x64x64:12288s1s192s3" in line for line in partitions), partitions
     primitives = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,")]
+    first_convs = [line for line in primitives if ",convolution," in line and "mb1_ic3oc" in line and "ih64" in line]
+    assert all("src:u8::blocked:acdb:" in line for line in first_convs), first_convs
+    assert partitions or first_convs
     assert not [line for line in primitives if ",reorder," in line and "1x3x64x64" in line]
 
 
@@ -493,5 +498,76 @@ def test_pt2e_encoder_quantizes_left_to_pytorch_run_the_own_kernel():
     assert len(norms) == (2 if AVX2 else 0) and own_kernels(graph).count("llga::layer_norm") == len(norms)
     assert not [g for g in groups_of(graph) if "layer_norm" in g] or not AVX2
     assert sum(g.count("linear") for g in groups_of(graph)) == 7
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+
+
+
+class ConvForms(nn.Module):
+    """int8 conv groups of each form runtime/int8_conv.h runs as one oneDNN primitive: with a bias
+    and without, strided, dilated, depthwise and grouped; then relu, relu6, a residual add, a
+    residual add and relu (MobileNetV2's hardtanh: test_models.py's int8 MobileNetV2). The last
+    conv's output is fp32 (no quantize after it): a partition."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pointwise = nn.Conv2d(16, 16, 1, bias=False)
+        self.grouped = nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=4)
+        self.down = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        s = F.relu(self.stem(x))
+        p = self.pointwise(F.relu6(self.depthwise(s))) + s
+        g = F.relu(self.grouped(p) + s)
+        return self.head(self.down(g).mean((2, 3)))
+
+
+class SelfResidual(nn.Module):
+    """conv(y) + y: oneDNN 3.12 compiles no partition for it; the primitive takes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.conv = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.last = nn.Conv2d(16, 16, 1)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = F.relu(self.stem(x))
+        return self.head(self.last(F.relu(self.conv(y) + y)).mean((2, 3)))
+
+
+@requires_int8_kernels
+def test_int8_conv_groups_run_as_onednn_primitives(monkeypatch):
+    # Each int8 conv group with an int8 output runs as one convolution primitive with the
+    # attributes oneDNN Graph gives its partition: the same codes bit for bit as the partitions
+    # (TORCH_LLGA_OWN_KERNELS=0), on the profiled input and another.
+    x = torch.randn(1, 3, 32, 32)
+    reference = pt2e(ConvForms(), x)
+    before = torch_llga.stats()["conv_primitives"]
+    out, graph = warm(torch_llga.compile(torch.export.export(reference, (x,))), x)
+    convs = [g for g in groups_of(graph) if "_convolution" in g]
+    assert len(convs) == 5 and ["_convolution", "add", "dequantize", "dequantize", "dequantize", "quantize_per_tensor",
+                                "relu"] in convs, convs
+    assert ["_convolution", "dequantize", "dequantize", "quantize_per_tensor", "relu6"] in convs, convs
+    assert torch_llga.stats()["conv_primitives"] - before == 4
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+    with monkeypatch.context() as m:
+        m.setenv("TORCH_LLGA_OWN_KERNELS", "0")
+        before = torch_llga.stats()["conv_primitives"]
+        partitions = torch_llga.compile(torch.export.export(reference, (x,)))
+        assert torch.equal(warm(partitions, x)[0], out)
+        assert torch_llga.stats()["conv_primitives"] == before
+    with torch.no_grad():
+        other = torch.randn(1, 3, 32, 32)
+        assert torch.equal(partitions(other), torch_llga.compile(torch.export.export(reference, (x,)))(other))
+    # conv(y) + y: fused by the primitive (oneDNN Graph would leave it unfused).
+    reference = pt2e(SelfResidual(), x)
+    before = torch_llga.stats()["conv_primitives"]
+    out, graph = warm(torch_llga.compile(torch.export.export(reference, (x,))), x)
+    assert torch_llga.stats()["conv_primitives"] - before == 2
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))

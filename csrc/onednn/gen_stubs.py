@@ -11,8 +11,41 @@ import sys
 
 HEADERS = ("dnnl_common.h", "dnnl_graph.h")
 # From the primitive API's header, only what torch_llga asks of it: the instruction set oneDNN's
-# kernels use (quirks that depend on the CPU, and what the tests may expect to fuse).
-EXTRA = {"dnnl.h": ("dnnl_get_effective_cpu_isa",)}
+# kernels use (quirks that depend on the CPU, and what the tests may expect to fuse), and what
+# dnnl.hpp calls to build and run an int8 convolution primitive (runtime/int8_conv.cpp).
+EXTRA = {
+    "dnnl.h": (
+        "dnnl_get_effective_cpu_isa",
+        "dnnl_convolution_forward_primitive_desc_create",
+        "dnnl_reorder_primitive_desc_create",
+        "dnnl_memory_create_v2",
+        "dnnl_memory_destroy",
+        "dnnl_memory_get_engine",
+        "dnnl_memory_get_memory_desc",
+        "dnnl_memory_set_data_handle_v2",
+        "dnnl_memory_desc_clone",
+        "dnnl_memory_desc_create_with_tag",
+        "dnnl_memory_desc_destroy",
+        "dnnl_memory_desc_get_size_v2",
+        "dnnl_memory_desc_query",
+        "dnnl_memory_desc_query_v2",
+        "dnnl_post_ops_create",
+        "dnnl_post_ops_destroy",
+        "dnnl_post_ops_append_eltwise",
+        "dnnl_post_ops_append_sum",
+        "dnnl_primitive_attr_create",
+        "dnnl_primitive_attr_destroy",
+        "dnnl_primitive_attr_set_post_ops",
+        "dnnl_primitive_attr_set_scales_mask",
+        "dnnl_primitive_attr_set_scratchpad_mode",
+        "dnnl_primitive_attr_set_zero_points_mask",
+        "dnnl_primitive_create",
+        "dnnl_primitive_destroy",
+        "dnnl_primitive_desc_destroy",
+        "dnnl_primitive_desc_query_md",
+        "dnnl_primitive_execute",
+    )
+}
 # `dnnl_status_t DNNL_API dnnl_engine_create(` and `const dnnl_version_t DNNL_API *dnnl_version(`
 DECLARATION = re.compile(r"DNNL_API\s*\**\s*(dnnl_\w+)\s*\(")
 

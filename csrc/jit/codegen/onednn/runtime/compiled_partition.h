@@ -6,11 +6,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
 namespace llga {
+
+class Int8Conv;
 
 struct CompiledPartition {
   // Timed executions against the group's unfused ops (speed_check.cpp).
@@ -36,6 +39,8 @@ struct CompiledPartition {
   std::vector<In> in;    // per input port of the partition
   std::vector<Out> out;  // per output port
   dnnl::graph::compiled_partition partition;
+  // Or, for an int8 convolution group, the primitive that runs it instead (int8_conv.h).
+  std::shared_ptr<Int8Conv> int8_conv;
 
   // (input port, output port) pairs oneDNN may compute in place: a conv or matmul with a sum
   // post-op accumulates into the added tensor's buffer instead of copying it to the output first.

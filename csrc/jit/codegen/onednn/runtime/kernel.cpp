@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <algorithm>
+#include <cstring>
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/runtime/operator.h>
@@ -85,6 +86,10 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
   whole_fallback_ = !bind(node);
   if (!whole_fallback_)
     for (const InPort& port : in_ports_) constant_bytes_ += port.constant.defined() ? port.constant.nbytes() : 0;
+  if (!whole_fallback_ && out_ports_.size() == 1 && out_ports_[0].qparams && runtime::own_kernels_enabled()) {
+    int8_conv_ = int8_conv_spec(*subgraph_);
+    if (int8_conv_ && int8_conv_->dst_dtype != out_ports_[0].dtype) int8_conv_.reset();
+  }
   runtime::constants_alive(constant_bytes_);
 }
 
@@ -109,6 +114,8 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
     auto sizes = is_llga_tensor(t) ? llga_impl(t).desc().get_dims() : t.dim() == 0 ? std::vector<int64_t>{1} : t.sizes().vec();
     profiled_sizes = profiled_sizes && sizes == port.sizes;
   }
+  if (int8_conv_ && profiled_sizes)
+    if (auto own = compile_int8_conv(inputs)) return own;
   const Partition* part = profiled_sizes ? &profiled_ : maps_at(args) ? any_sizes() : nullptr;
   if (!part) {
     GRAPH_DEBUG("No partition of the group compiles for other sizes; running it unfused:\n", *subgraph_);
@@ -172,6 +179,33 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
     GRAPH_DEBUG("oneDNN could not compile the partition (", e.what(), "); running it unfused:\n", *subgraph_);
     c->fallback = true;
   }
+  return c;
+}
+
+std::shared_ptr<CompiledPartition> FusionKernel::compile_int8_conv(const Inputs& inputs) {
+  const Int8ConvSpec& s = *int8_conv_;
+  const at::Tensor* residual = s.residual_input ? &inputs[*s.residual_input] : nullptr;
+  const OutPort& port = out_ports_[0];
+  std::string why;
+  auto conv = Int8Conv::create(s, inputs[s.src_input], residual, port.sizes, &why);
+  if (!conv) {
+    GRAPH_DEBUG("The int8 convolution group runs as a partition: ", why);
+    return nullptr;
+  }
+  runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
+  runtime::stats().conv_primitives.fetch_add(1, std::memory_order_relaxed);
+  auto c = std::make_shared<CompiledPartition>();
+  c->int8_conv = std::move(conv);
+  CompiledPartition::Out o;
+  o.sizes = port.sizes;
+  o.strides = quantized_strides(port.sizes);
+  o.format = c10::MemoryFormat::ChannelsLast;
+  c->out.push_back(std::move(o));
+  // The sum accumulates into the residual's memory where nothing else reads it (as oneDNN Graph's
+  // in-place port).
+  for (size_t p = 0; residual && p < in_ports_.size(); ++p)
+    if (in_ports_[p].input == *s.residual_input && inputs_[*s.residual_input].ports == 1) c->inplace.emplace_back(p, 0);
+  GRAPH_DEBUG("Compiled the int8 convolution group as a oneDNN primitive");
   return c;
 }
 
@@ -256,7 +290,16 @@ void FusionKernel::execute(CompiledPartition& c, const Inputs& inputs, c10::Arra
               : q ? new_quantized_output(o.sizes, port.dtype, q->scale, q->zero_point, o.format)
                   : at::empty_strided(o.sizes, o.strides, at::TensorOptions().dtype(port.dtype));
   }
-  {
+  if (c.int8_conv) {
+    const Int8ConvSpec& s = *int8_conv_;
+    void* dst = data_of(outs[0]);
+    std::lock_guard<std::mutex> lock(c.execute_mutex);
+    if (s.residual_input) {  // the sum post-op adds to what dst holds
+      const at::Tensor& r = inputs[*s.residual_input];
+      if (data_of(r) != dst) std::memcpy(dst, data_of(r), r.nbytes());
+    }
+    c.int8_conv->execute(data_of(inputs[s.src_input]), dst);
+  } else {
     // oneDNN's C API takes arrays of its tensors' handles: built here on the stack (its C++
     // execute() builds two vectors a call).
     c10::SmallVector<const_dnnl_graph_tensor_t, 16> in_handles(c.in.size()), out_handles(c.out.size());

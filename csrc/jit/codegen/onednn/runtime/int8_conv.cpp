@@ -1,0 +1,298 @@
+// int8 convolution groups as oneDNN convolution primitives (see int8_conv.h): the group's subgraph
+// read into an Int8ConvSpec, and the primitive built, with the attributes oneDNN Graph gives it
+// (scales of src, weights and dst; zero points of src and dst; clip_v2 and sum post-ops; a user
+// scratchpad), and executed on the tensors' memory.
+#include "jit/codegen/onednn/runtime/int8_conv.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/strides.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/runtime/runtime.h"
+#include "onednn/torch_onednn.h"
+
+namespace llga {
+
+using torch::jit::Node;
+using torch::jit::Value;
+
+namespace {
+
+std::optional<c10::IValue> constant(const Value* v) { return torch::jit::toIValue(v); }
+
+std::optional<std::vector<int64_t>> int_list(const Value* v) {
+  auto c = constant(v);
+  if (!c || !c->isIntList()) return std::nullopt;
+  return c->toIntVector();
+}
+
+std::optional<double> number(const Value* v) {
+  auto c = constant(v);
+  if (!c) return std::nullopt;
+  if (c->isDouble()) return c->toDouble();
+  if (c->isInt()) return static_cast<double>(c->toInt());
+  return std::nullopt;
+}
+
+// The group input a dequantize (with its recorded scale and zero point) reads, read once.
+struct Dequantized {
+  size_t input;
+  float scale;
+  int32_t zero_point;
+};
+std::optional<Dequantized> dequantized_input(const Value* v, const torch::jit::Graph& g) {
+  const Node* d = v->node();
+  if (d->kind() != c10::aten::dequantize || v->uses().size() != 1 || !d->hasAttribute(kQuantScale) ||
+      !d->hasAttribute(kQuantZeroPoint) || d->input(0)->node()->kind() != c10::prim::Param)
+    return std::nullopt;
+  auto t = d->input(0)->type()->cast<c10::TensorType>();
+  if (!t || (t->scalarType() != c10::kQUInt8 && t->scalarType() != c10::kQInt8)) return std::nullopt;
+  auto inputs = g.inputs();
+  size_t i = std::find(inputs.begin(), inputs.end(), d->input(0)) - inputs.begin();
+  return Dequantized{i, static_cast<float>(d->f(kQuantScale)), static_cast<int32_t>(d->i(kQuantZeroPoint))};
+}
+
+// relu, relu6, hardtanh(lo, hi), clamp(lo, hi): a clip, as oneDNN's eltwise_clip_v2 computes it.
+std::optional<Int8ConvSpec::PostOp> clip_of(const Node* n) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  if (n->kind() == c10::aten::relu && n->inputs().size() == 1) return Int8ConvSpec::PostOp{false, 0, kInf};
+  if (n->kind() == c10::aten::relu6 && n->inputs().size() == 1) return Int8ConvSpec::PostOp{false, 0, 6};
+  if ((n->kind() == c10::aten::hardtanh || n->kind() == c10::aten::clamp) && n->inputs().size() == 3) {
+    auto none = [](const Value* v) { return v->type()->kind() == c10::TypeKind::NoneType; };
+    auto lo = number(n->input(1)), hi = number(n->input(2));
+    if ((!lo && !none(n->input(1))) || (!hi && !none(n->input(2)))) return std::nullopt;
+    return Int8ConvSpec::PostOp{false, lo ? static_cast<float>(*lo) : -kInf, hi ? static_cast<float>(*hi) : kInf};
+  }
+  return std::nullopt;
+}
+
+// The conv's weights: a dequantize of a constant QInt8 tensor, per tensor or per output channel,
+// zero points 0.
+at::Tensor quantized_weight(const Value* v) {
+  const Node* d = v->node();
+  if (d->kind() != c10::aten::dequantize || v->uses().size() != 1) return {};
+  auto c = constant(d->input(0));
+  if (!c || !c->isTensor()) return {};
+  at::Tensor w = c->toTensor();
+  if (w.scalar_type() != c10::kQInt8 || w.dim() != 4) return {};
+  if (w.qscheme() == c10::kPerTensorAffine) return w.q_zero_point() == 0 ? w : at::Tensor();
+  if (w.qscheme() != c10::kPerChannelAffine || w.q_per_channel_axis() != 0) return {};
+  return at::all(w.q_per_channel_zero_points() == 0).item<bool>() ? w : at::Tensor();
+}
+
+bool read_conv(const Node* conv, const torch::jit::Graph& g, Int8ConvSpec& s) {
+  bool full = conv->kind() == c10::aten::_convolution && conv->inputs().size() >= 12;
+  if (!full && !(conv->kind() == c10::aten::conv2d && conv->inputs().size() == 7)) return false;
+  auto src = dequantized_input(conv->input(0), g);
+  s.weight = quantized_weight(conv->input(1));
+  if (!src || !s.weight.defined()) return false;
+  s.src_input = src->input, s.src_scale = src->scale, s.src_zero_point = src->zero_point;
+  if (conv->input(2)->type()->kind() != c10::TypeKind::NoneType) {
+    auto b = constant(conv->input(2));
+    if (!b || !b->isTensor() || b->toTensor().scalar_type() != c10::kFloat || b->toTensor().dim() != 1) return false;
+    s.bias = b->toTensor().contiguous();
+  }
+  auto stride = int_list(conv->input(3)), padding = int_list(conv->input(4)), dilation = int_list(conv->input(5));
+  auto groups = constant(conv->input(full ? 8 : 6));
+  if (!stride || !padding || !dilation || !groups || !groups->isInt()) return false;
+  if (full) {
+    auto transposed = constant(conv->input(6));
+    if (!transposed || !transposed->isBool() || transposed->toBool()) return false;
+  }
+  if (stride->size() != 2 || padding->size() != 2 || dilation->size() != 2) return false;
+  s.stride = *stride, s.padding = *padding, s.dilation = *dilation, s.groups = groups->toInt();
+  return s.groups >= 1 && s.weight.size(0) % s.groups == 0;
+}
+
+}  // namespace
+
+std::optional<Int8ConvSpec> int8_conv_spec(const torch::jit::Graph& g) {
+  if (!onednn::cpu().int8_vnni || g.outputs().size() != 1) return std::nullopt;
+  const Node* q = g.outputs()[0]->node();
+  auto qp = quantize_params(q);
+  auto dtype = g.outputs()[0]->type()->cast<c10::TensorType>();
+  if (!qp || !dtype || (dtype->scalarType() != c10::kQUInt8 && dtype->scalarType() != c10::kQInt8)) return std::nullopt;
+  Int8ConvSpec s;
+  s.dst_scale = static_cast<float>(qp->scale), s.dst_zero_point = static_cast<int32_t>(qp->zero_point);
+  s.dst_dtype = *dtype->scalarType();
+  size_t computing_nodes = 1;  // the quantize; then each node read below
+  // Backwards from the quantize: clips, at most one residual add, then the conv.
+  const Value* v = q->input(0);
+  while (true) {
+    if (v->uses().size() != 1) return std::nullopt;
+    const Node* n = v->node();
+    ++computing_nodes;
+    if (auto clip = clip_of(n)) {
+      s.post_ops.insert(s.post_ops.begin(), *clip);
+      v = n->input(0);
+    } else if (n->kind() == c10::aten::add && n->inputs().size() == 3 && !s.residual_input) {
+      auto alpha = number(n->input(2));
+      if (!alpha || *alpha != 1) return std::nullopt;
+      // Either operand may be the residual: the one a dequantize of a group input makes.
+      int r = dequantized_input(n->input(0), g) ? 0 : dequantized_input(n->input(1), g) ? 1 : -1;
+      if (r < 0) return std::nullopt;
+      auto res = *dequantized_input(n->input(r), g);
+      s.residual_input = res.input, s.res_scale = res.scale, s.res_zero_point = res.zero_point;
+      s.post_ops.insert(s.post_ops.begin(), Int8ConvSpec::PostOp{true, 0, 0});
+      ++computing_nodes;  // its dequantize
+      v = n->input(1 - r);
+    } else {
+      if (!read_conv(n, g, s)) return std::nullopt;
+      computing_nodes += 2;  // the dequantizes of src and weights
+      break;
+    }
+  }
+  // Nothing else in the group (constants aside). The residual may be the conv's own input
+  // (conv(y) + y, which oneDNN 3.12 cannot compile as a partition): it is then copied to the output
+  // before the sum, as any residual another port reads.
+  size_t nodes = 0;
+  for (const Node* n : g.nodes()) nodes += n->kind() != c10::prim::Constant;
+  if (nodes != computing_nodes) return std::nullopt;
+  return s;
+}
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+dt dnnl_dtype(c10::ScalarType t) { return t == c10::kQUInt8 ? dt::u8 : dt::s8; }
+
+// Sizes in channels-last strides: the layout quantized group outputs have (layouts.cpp).
+bool channels_last_dense(const at::Tensor& t) {
+  return t.defined() && t.is_quantized() && t.dim() == 4 && t.storage_offset() == 0 &&
+         t.is_contiguous(c10::MemoryFormat::ChannelsLast);
+}
+
+dnnl::memory::desc nhwc_desc(c10::IntArrayRef sizes, dt type) {
+  return dnnl::memory::desc({sizes.begin(), sizes.end()}, type, dnnl::memory::format_tag::nhwc);
+}
+
+}  // namespace
+
+struct Int8Conv::Impl {
+  dnnl::convolution_forward primitive;
+  dnnl::memory src, dst, weights, bias, scratchpad;
+  dnnl::memory src_scale, weight_scales, dst_scale, src_zero_point, dst_zero_point;
+  std::vector<float> scale_values;  // src, dst, then the weights'
+  int32_t zero_point_values[2] = {0, 0};
+  at::Tensor bias_values;
+  std::vector<uint8_t> scratchpad_bytes;
+  std::vector<dnnl_exec_arg_t> args;
+};
+
+std::unique_ptr<Int8Conv> Int8Conv::create(const Int8ConvSpec& s, const at::Tensor& src, const at::Tensor* residual,
+                                           c10::IntArrayRef dst_sizes, std::string* why) {
+  if (!channels_last_dense(src) || (residual && !channels_last_dense(*residual)) || dst_sizes.size() != 4) {
+    *why = "an input is no dense channels-last quantized tensor";
+    return nullptr;
+  }
+  if (residual && residual->sizes() != dst_sizes) {
+    *why = "the residual's sizes are not the output's";
+    return nullptr;
+  }
+  std::unique_ptr<Int8Conv> conv(new Int8Conv());
+  conv->impl_ = std::make_unique<Impl>();
+  Impl& m = *conv->impl_;
+  const dnnl::engine& engine = runtime::engine();
+  try {
+    const at::Tensor& w = s.weight;
+    const int64_t oc = w.size(0), g = s.groups;
+    bool grouped = g > 1;
+    dnnl::memory::dims wdims = grouped ? dnnl::memory::dims{g, oc / g, w.size(1), w.size(2), w.size(3)}
+                                       : dnnl::memory::dims{oc, w.size(1), w.size(2), w.size(3)};
+    auto wtag = grouped ? dnnl::memory::format_tag::goihw : dnnl::memory::format_tag::oihw;
+    bool per_channel = w.qscheme() == c10::kPerChannelAffine;
+
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, per_channel ? (grouped ? 3 : 1) : 0);
+    attr.set_scales_mask(DNNL_ARG_DST, 0);
+    if (s.src_zero_point != 0) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+    if (s.dst_zero_point != 0) attr.set_zero_points_mask(DNNL_ARG_DST, 0);
+    dnnl::post_ops ops;
+    for (const auto& op : s.post_ops) {
+      if (op.sum)
+        ops.append_sum(s.res_scale, s.res_zero_point, dnnl_dtype(residual->scalar_type()));
+      else
+        ops.append_eltwise(dnnl::algorithm::eltwise_clip_v2, op.lo, op.hi);
+    }
+    attr.set_post_ops(ops);
+
+    auto src_md = nhwc_desc(src.sizes(), dnnl_dtype(src.scalar_type()));
+    auto dst_md = nhwc_desc(dst_sizes, dnnl_dtype(s.dst_dtype));
+    dnnl::memory::desc wany(wdims, dt::s8, dnnl::memory::format_tag::any);
+    dnnl::memory::desc bias_md = s.bias.defined() ? dnnl::memory::desc({oc}, dt::f32, dnnl::memory::format_tag::a)
+                                                  : dnnl::memory::desc();
+    dnnl::memory::dims dilation{s.dilation[0] - 1, s.dilation[1] - 1};
+    dnnl::memory::dims padding{s.padding[0], s.padding[1]};  // both sides alike, as PyTorch pads
+    auto pd = dnnl::convolution_forward::primitive_desc(engine, dnnl::prop_kind::forward_inference,
+                                                        dnnl::algorithm::convolution_direct, src_md, wany, bias_md, dst_md,
+                                                        {s.stride[0], s.stride[1]}, dilation, padding, padding, attr);
+    m.primitive = dnnl::convolution_forward(pd);
+
+    // The weights, reordered once into the kernel's layout (its compensation for zero points too).
+    at::Tensor codes = w.int_repr().contiguous();
+    dnnl::memory plain({wdims, dt::s8, wtag}, engine, codes.data_ptr());
+    m.weights = dnnl::memory(pd.weights_desc(), engine);
+    dnnl::stream& stream = runtime::stream();
+    dnnl::reorder(plain, m.weights).execute(stream, plain, m.weights);
+    stream.wait();
+
+    at::Tensor wscales = per_channel ? w.q_per_channel_scales().to(c10::kFloat).contiguous()
+                                     : at::full({1}, static_cast<float>(w.q_scale()), at::kFloat);
+    m.scale_values = {s.src_scale, s.dst_scale};
+    m.scale_values.insert(m.scale_values.end(), wscales.data_ptr<float>(), wscales.data_ptr<float>() + wscales.numel());
+    auto f32 = [&](float* p, int64_t n) { return dnnl::memory({{n}, dt::f32, dnnl::memory::format_tag::a}, engine, p); };
+    m.src_scale = f32(&m.scale_values[0], 1);
+    m.dst_scale = f32(&m.scale_values[1], 1);
+    m.weight_scales = f32(&m.scale_values[2], wscales.numel());
+    m.zero_point_values[0] = s.src_zero_point, m.zero_point_values[1] = s.dst_zero_point;
+    auto s32 = [&](int32_t* p) { return dnnl::memory({{1}, dt::s32, dnnl::memory::format_tag::a}, engine, p); };
+    m.src_zero_point = s32(&m.zero_point_values[0]);
+    m.dst_zero_point = s32(&m.zero_point_values[1]);
+
+    m.src = dnnl::memory(src_md, engine, nullptr);
+    m.dst = dnnl::memory(dst_md, engine, nullptr);
+    m.args = {{DNNL_ARG_SRC, m.src.get()}, {DNNL_ARG_WEIGHTS, m.weights.get()}, {DNNL_ARG_DST, m.dst.get()},
+              {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, m.src_scale.get()},
+              {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, m.weight_scales.get()},
+              {DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, m.dst_scale.get()}};
+    if (s.bias.defined()) {
+      m.bias_values = s.bias;
+      m.bias = dnnl::memory(bias_md, engine, m.bias_values.data_ptr());
+      m.args.push_back({DNNL_ARG_BIAS, m.bias.get()});
+    }
+    if (s.src_zero_point != 0) m.args.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, m.src_zero_point.get()});
+    if (s.dst_zero_point != 0) m.args.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, m.dst_zero_point.get()});
+    auto scratch_md = pd.scratchpad_desc();
+    if (scratch_md.get_size() > 0) {
+      m.scratchpad_bytes.resize(scratch_md.get_size() + 64);
+      void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(m.scratchpad_bytes.data()) + 63) & ~uintptr_t(63));
+      m.scratchpad = dnnl::memory(scratch_md, engine, aligned);
+      m.args.push_back({DNNL_ARG_SCRATCHPAD, m.scratchpad.get()});
+    }
+  } catch (const dnnl::error& e) {
+    *why = std::string("oneDNN has no primitive for it (") + e.what() + ")";
+    return nullptr;
+  }
+  return conv;
+}
+
+Int8Conv::~Int8Conv() = default;
+
+void Int8Conv::execute(const void* src, void* dst) {
+  Impl& m = *impl_;
+  m.src.set_data_handle(const_cast<void*>(src));
+  m.dst.set_data_handle(dst);
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(m.primitive.get(), runtime::stream().get(), static_cast<int>(m.args.size()),
+                                                 m.args.data()),
+                          "could not execute an int8 convolution");
+}
+
+}  // namespace llga
