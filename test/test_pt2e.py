@@ -571,3 +571,24 @@ def test_int8_conv_groups_run_as_onednn_primitives(monkeypatch):
     assert torch_llga.stats()["conv_primitives"] - before == 2
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+
+
+
+def test_pt2e_nan_in_the_fp32_residual_runs_fused():
+    # An int8 linear whose fp32 output adds the residual stream runs fused whatever that stream
+    # holds (a dequantize reads codes; a matmul and an add keep NaN: its guard scans nothing), and
+    # gives what the reference gives (here the next quantize turns the NaN row into codes in both).
+    x = torch.randn(2, 16, 64)
+    reference = pt2e(TinyEncoder(), x)
+    compiled = torch_llga.compile(torch.export.export(reference, (x,)))
+    warm(compiled, x)
+    bad = x.clone()
+    bad[0, 3, 5] = float("nan")
+    before = torch_llga.stats()
+    with torch.no_grad():
+        out, expected = compiled(bad), reference(bad)
+    after = torch_llga.stats()
+    assert after["guard_failures"] == before["guard_failures"] and after["executions"] > before["executions"]
+    assert torch.equal(out.isnan(), expected.isnan())
+    kept = ~expected.isnan()
+    torch.testing.assert_close(out[kept], expected[kept], **last_linear_tolerance(reference, 2))

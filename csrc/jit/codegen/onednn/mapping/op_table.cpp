@@ -694,7 +694,8 @@ const std::vector<OpEntry>& op_table() {
        K::Quantize, kShapePreserving | kCastsDtype, quantize},
       {"aten::quantize_per_tensor.tensor_qparams(Tensor self, Tensor scale, Tensor zero_point, ScalarType dtype) -> Tensor",
        K::Quantize, kShapePreserving | kCastsDtype, quantize},
-      {"aten::dequantize.self(Tensor self) -> Tensor", K::Dequantize, kShapePreserving | kCastsDtype, dequantize},
+      // (A dequantize reads codes, which hold no NaN/Inf: nothing to keep from it, nothing to scan.)
+      {"aten::dequantize.self(Tensor self) -> Tensor", K::Dequantize, kShapePreserving | kCastsDtype | kKeepsNaN, dequantize},
       {"aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)",
        K::TypeCast, kShapePreserving | kCastsDtype | kKeepsNaN, to_dtype},
       // No oneDNN mapping: the other facts of ops the passes and the small-graph plan handle.
