@@ -6,6 +6,8 @@ declare, and csrc/onednn/torch_onednn.cpp binds them to libtorch_cpu.so when the
 Nothing else to install or link.
 """
 import os
+import shutil
+import subprocess
 import sys
 
 import torch
@@ -30,6 +32,23 @@ gen_stubs.main(include_paths()[0], os.path.join(GENERATED, "onednn_functions.inc
 gen_stubs.write_if_changed(os.path.join(GENERATED, "built_for_torch.h"),
                            f'#define TORCH_LLGA_BUILT_FOR_TORCH "{torch.__version__}"\n'
                            f'#define TORCH_LLGA_BUILT_FOR_TORCH_GIT "{torch.version.git_version}"\n')
+
+
+class BuildChecked(BuildExtension.with_options(use_ninja=True)):
+    """The build, then a check of what it links: every oneDNN C function the library calls must be
+    one of the stubs (dnnl.hpp's inline code calls C functions only gen_stubs.py's EXTRA lists
+    from dnnl.h), or `import torch_llga` would fail with the loader's "undefined symbol"."""
+
+    def build_extension(self, ext):
+        super().build_extension(ext)
+        if not shutil.which("nm"):
+            return
+        out = subprocess.run(["nm", "-D", "-u", "--format=just-symbols", self.get_ext_fullpath(ext.name)],
+                             capture_output=True, text=True).stdout.split()
+        unbound = sorted(name for name in out if name.startswith("dnnl_"))
+        if unbound:
+            sys.exit(f"torch_llga._C calls oneDNN functions csrc/onednn/gen_stubs.py does not bind: "
+                     f"{', '.join(unbound)} (add them to its EXTRA)")
 
 
 def sources():
@@ -82,7 +101,7 @@ setup(
     ],
     # torch.compile(model, backend="torch_llga"): Dynamo finds backends by this entry point.
     entry_points={"torch_dynamo_backends": ["torch_llga = torch_llga.dynamo:torch_llga_backend"]},
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildChecked},
     options={"build_ext": build_dirs},
     python_requires=">=3.10",
     # The library is bound to the torch it was compiled against (its C++ ABI and operator symbols):

@@ -162,9 +162,11 @@ using dt = dnnl::memory::data_type;
 
 dt dnnl_dtype(c10::ScalarType t) { return t == c10::kQUInt8 ? dt::u8 : dt::s8; }
 
-// Sizes in channels-last strides: the layout quantized group outputs have (layouts.cpp).
+// A per-tensor u8/s8 quantized tensor in channels-last strides: the layout quantized group outputs
+// have (layouts.cpp).
 bool channels_last_dense(const at::Tensor& t) {
-  return t.defined() && t.is_quantized() && t.dim() == 4 && t.storage_offset() == 0 &&
+  return t.defined() && t.is_quantized() && t.qscheme() == c10::kPerTensorAffine &&
+         (t.scalar_type() == c10::kQUInt8 || t.scalar_type() == c10::kQInt8) && t.dim() == 4 && t.storage_offset() == 0 &&
          t.is_contiguous(c10::MemoryFormat::ChannelsLast);
 }
 
@@ -183,6 +185,8 @@ struct Int8Conv::Impl {
   at::Tensor bias_values;
   std::vector<uint8_t> scratchpad_bytes;
   std::vector<dnnl_exec_arg_t> args;
+  const void* src_handle = nullptr;  // what src and dst point at now: the buffer pool hands the same
+  void* dst_handle = nullptr;        // buffers back call after call, and re-pointing has a cost
 };
 
 std::unique_ptr<Int8Conv> Int8Conv::create(const Int8ConvSpec& s, const at::Tensor& src, const at::Tensor* residual,
@@ -219,8 +223,10 @@ std::unique_ptr<Int8Conv> Int8Conv::create(const Int8ConvSpec& s, const at::Tens
     for (const auto& op : s.post_ops) {
       if (op.sum)
         ops.append_sum(s.res_scale, s.res_zero_point, dnnl_dtype(residual->scalar_type()));
+      else if (op.lo == 0 && std::isinf(op.hi) && op.hi > 0)
+        ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0, 0);  // oneDNN Graph's ReLU
       else
-        ops.append_eltwise(dnnl::algorithm::eltwise_clip_v2, op.lo, op.hi);
+        ops.append_eltwise(dnnl::algorithm::eltwise_clip_v2, op.lo, op.hi);  // its Clamp
     }
     attr.set_post_ops(ops);
 
@@ -288,8 +294,8 @@ Int8Conv::~Int8Conv() = default;
 
 void Int8Conv::execute(const void* src, void* dst) {
   Impl& m = *impl_;
-  m.src.set_data_handle(const_cast<void*>(src));
-  m.dst.set_data_handle(dst);
+  if (src != m.src_handle) m.src.set_data_handle(const_cast<void*>(m.src_handle = src));
+  if (dst != m.dst_handle) m.dst.set_data_handle(m.dst_handle = dst);
   dnnl::error::wrap_c_api(dnnl_primitive_execute(m.primitive.get(), runtime::stream().get(), static_cast<int>(m.args.size()),
                                                  m.args.data()),
                           "could not execute an int8 convolution");

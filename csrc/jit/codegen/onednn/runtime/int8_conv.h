@@ -2,7 +2,7 @@
 // An int8 convolution group run as one oneDNN convolution primitive, not through oneDNN Graph
 // (int8_conv.cpp). The group (dequantize -> conv [+ bias] [-> relu/relu6/hardtanh/clamp] [+ dequantized
 // residual] [-> relu/...] -> quantize) becomes the primitive oneDNN Graph would build for it: the
-// same scales, zero points and post-ops (clip, sum), so the same kernel and the same codes. What
+// same scales, zero points and post-ops (relu, clip_v2, sum), so the same kernel and the same codes. What
 // it saves is oneDNN Graph's execute layer, ~1.5 us a call (its memory objects re-pointed, its
 // constant cache looked up, its argument maps built), which on a MobileNetV2 of 52 such groups is
 // time the second thread spends waiting.
@@ -28,7 +28,7 @@ struct Int8ConvSpec {
   at::Tensor bias;    // fp32, or undefined
   std::vector<int64_t> stride, padding, dilation;
   int64_t groups = 1;
-  // In order: clips (relu is clip(0, inf)) and at most one sum (the residual).
+  // In order: clips (relu is clip(0, inf), run as oneDNN's relu) and at most one sum (the residual).
   struct PostOp {
     bool sum = false;
     float lo = 0, hi = 0;

@@ -202,8 +202,8 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile_int8_conv(const Inputs&
   o.format = c10::MemoryFormat::ChannelsLast;
   c->out.push_back(std::move(o));
   // The sum accumulates into the residual's memory where nothing else reads it (as oneDNN Graph's
-  // in-place port).
-  for (size_t p = 0; residual && p < in_ports_.size(); ++p)
+  // in-place port); never where the conv reads it too (conv(y) + y).
+  for (size_t p = 0; residual && *s.residual_input != s.src_input && p < in_ports_.size(); ++p)
     if (in_ports_[p].input == *s.residual_input && inputs_[*s.residual_input].ports == 1) c->inplace.emplace_back(p, 0);
   GRAPH_DEBUG("Compiled the int8 convolution group as a oneDNN primitive");
   return c;
@@ -293,11 +293,11 @@ void FusionKernel::execute(CompiledPartition& c, const Inputs& inputs, c10::Arra
   if (c.int8_conv) {
     const Int8ConvSpec& s = *int8_conv_;
     void* dst = data_of(outs[0]);
-    std::lock_guard<std::mutex> lock(c.execute_mutex);
     if (s.residual_input) {  // the sum post-op adds to what dst holds
       const at::Tensor& r = inputs[*s.residual_input];
       if (data_of(r) != dst) std::memcpy(dst, data_of(r), r.nbytes());
     }
+    std::lock_guard<std::mutex> lock(c.execute_mutex);
     c.int8_conv->execute(data_of(inputs[s.src_input]), dst);
   } else {
     // oneDNN's C API takes arrays of its tensors' handles: built here on the stack (its C++
