@@ -1,7 +1,7 @@
 // int8 convolution groups as oneDNN convolution primitives (see int8_conv.h): the group's subgraph
 // read into an Int8ConvSpec, and the primitive built, with the attributes oneDNN Graph gives it
-// (scales of src, weights and dst; zero points of src and dst; clip_v2 and sum post-ops; a user
-// scratchpad), and executed on the tensors' memory.
+// (scales of src, weights and dst; zero points of src and dst; relu, clip_v2 and sum post-ops; a
+// user scratchpad), and executed on the tensors' memory.
 #include "jit/codegen/onednn/runtime/int8_conv.h"
 
 #include <ATen/ATen.h>
@@ -57,7 +57,8 @@ std::optional<Dequantized> dequantized_input(const Value* v, const torch::jit::G
   return Dequantized{i, static_cast<float>(d->f(kQuantScale)), static_cast<int32_t>(d->i(kQuantZeroPoint))};
 }
 
-// relu, relu6, hardtanh(lo, hi), clamp(lo, hi): a clip, as oneDNN's eltwise_clip_v2 computes it.
+// relu, relu6, hardtanh(lo, hi), clamp(lo, hi): a clip (clip(0, inf) runs as oneDNN's relu, the
+// others as its clip_v2, as oneDNN Graph runs ReLU and Clamp).
 std::optional<Int8ConvSpec::PostOp> clip_of(const Node* n) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   if (n->kind() == c10::aten::relu && n->inputs().size() == 1) return Int8ConvSpec::PostOp{false, 0, kInf};
