@@ -57,7 +57,7 @@ PYBIND11_MODULE(_C, m) {
     pybind11::dict d;
     d["executions"] = s.executions.load();
     d["compilations"] = s.compilations.load();
-    d["conv_primitives"] = s.conv_primitives.load();
+    d["int8_primitives"] = s.int8_primitives.load();
     d["partitionings"] = s.partitionings.load();
     d["guard_failures"] = s.guard_failures.load();
     d["kernel_fallbacks"] = s.kernel_fallbacks.load();

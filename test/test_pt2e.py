@@ -171,7 +171,7 @@ warm(torch.compile(pt2e(image_classifier(), x), backend="torch_llga"), x)
 """
     env = {**os.environ, "ONEDNN_VERBOSE": "1", "TORCH_LLGA_SMALL_PLANS": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    # The conv runs as a partition, or (an int8 conv group on a CPU with VNNI: int8_conv.h) as a
+    # The conv runs as a partition, or (an int8 conv group on a CPU with VNNI: int8_primitive.h) as a
     # primitive; either reads the codes NHWC.
     partitions = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,graph,exec,") and "convolution" in line]
     assert all("in0_u8" in line and "1x3x64x64:12288s1s192s3" in line for line in partitions), partitions
@@ -504,7 +504,7 @@ def test_pt2e_encoder_quantizes_left_to_pytorch_run_the_own_kernel():
 
 
 class ConvForms(nn.Module):
-    """int8 conv groups of each form runtime/int8_conv.h runs as one oneDNN primitive: with a bias
+    """int8 conv groups of each form runtime/int8_primitive.h runs as one oneDNN primitive: with a bias
     and without, strided, dilated, depthwise and grouped; then relu, relu6, a residual add, a
     residual add and relu (MobileNetV2's hardtanh: test_models.py's int8 MobileNetV2). The last
     conv's output is fp32 (no quantize after it): a partition."""
@@ -546,22 +546,22 @@ def test_int8_conv_groups_run_as_onednn_primitives(monkeypatch):
     # (TORCH_LLGA_OWN_KERNELS=0), on the profiled input and another.
     x = torch.randn(1, 3, 32, 32)
     reference = pt2e(ConvForms(), x)
-    before = torch_llga.stats()["conv_primitives"]
+    before = torch_llga.stats()["int8_primitives"]
     primitives = torch_llga.compile(torch.export.export(reference, (x,)))
     out, graph = warm(primitives, x)
     convs = [g for g in groups_of(graph) if "_convolution" in g]
     assert len(convs) == 5 and ["_convolution", "add", "dequantize", "dequantize", "dequantize", "quantize_per_tensor",
                                 "relu"] in convs, convs
     assert ["_convolution", "dequantize", "dequantize", "quantize_per_tensor", "relu6"] in convs, convs
-    assert torch_llga.stats()["conv_primitives"] - before == 4
+    assert torch_llga.stats()["int8_primitives"] - before == 5  # and the head's linear
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
     with monkeypatch.context() as m:
         m.setenv("TORCH_LLGA_OWN_KERNELS", "0")
-        before = torch_llga.stats()["conv_primitives"]
+        before = torch_llga.stats()["int8_primitives"]
         partitions = torch_llga.compile(torch.export.export(reference, (x,)))
         assert torch.equal(warm(partitions, x)[0], out)
-        assert torch_llga.stats()["conv_primitives"] == before
+        assert torch_llga.stats()["int8_primitives"] == before
     with torch.no_grad():
         other = torch.randn(1, 3, 32, 32)
         # The pointwise conv's sum reads s, which the grouped conv's sum reads later: copied to its
@@ -571,13 +571,57 @@ def test_int8_conv_groups_run_as_onednn_primitives(monkeypatch):
         assert torch_llga.stats()["inplace_outputs"] - before == 2  # one a call, both models
     # conv(y) + y: fused by the primitive (oneDNN Graph would leave it unfused).
     reference = pt2e(SelfResidual(), x)
-    before = torch_llga.stats()["conv_primitives"]
+    before = torch_llga.stats()["int8_primitives"]
     out, graph = warm(torch_llga.compile(torch.export.export(reference, (x,))), x)
-    assert torch_llga.stats()["conv_primitives"] - before == 2
+    assert torch_llga.stats()["int8_primitives"] - before == 3  # stem, conv(y) + y, the head's linear
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
 
 
+
+
+class LinearForms(nn.Module):
+    """int8 linear groups of each form runtime/int8_primitive.h runs as one oneDNN matmul primitive:
+    GELU then an int8 output, an fp32 output added to the fp32 residual stream, relu then an int8
+    output, an fp32 output."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.fc3, self.head = nn.Linear(d, d), nn.Linear(d, 8)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(x))), self.head(F.relu(self.fc3(x)))
+
+
+@requires_int8_kernels
+def test_int8_linear_groups_run_as_onednn_primitives(monkeypatch):
+    # As the convs above: the same results bit for bit as oneDNN Graph's partitions.
+    x = torch.randn(2, 16, 64)
+    reference = pt2e(LinearForms(), x)
+    before = torch_llga.stats()["int8_primitives"]
+    primitives = torch_llga.compile(torch.export.export(reference, (x,)))
+    out, graph = warm(primitives, x)
+    linears = [g for g in groups_of(graph) if "linear" in g]
+    assert ["add", "dequantize", "dequantize", "linear"] in linears, linears
+    assert ["dequantize", "dequantize", "gelu", "linear", "quantize_per_tensor"] in linears, linears
+    assert ["dequantize", "dequantize", "linear", "quantize_per_tensor", "relu"] in linears, linears
+    assert torch_llga.stats()["int8_primitives"] - before == len(linears) == 4
+    with torch.no_grad():
+        expected = reference(x)
+    # The head's output as the module's note allows; the residual sum's within a step of fc2's
+    # input codes (|x| ~ 1, fc2's output ~0.1).
+    torch.testing.assert_close(out[1], expected[1], **last_linear_tolerance(reference, 2))
+    torch.testing.assert_close(out[0], expected[0], rtol=0, atol=0.05)
+    with monkeypatch.context() as m:
+        m.setenv("TORCH_LLGA_OWN_KERNELS", "0")
+        partitions = torch_llga.compile(torch.export.export(reference, (x,)))
+        fused = warm(partitions, x)[0]
+        assert torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1])
+    with torch.no_grad():
+        other = torch.randn(2, 16, 64)
+        a, b = primitives(other), partitions(other)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 def test_pt2e_nan_in_the_fp32_residual_runs_fused():
     # An int8 linear whose fp32 output adds the residual stream runs fused whatever that stream

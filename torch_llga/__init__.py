@@ -148,9 +148,9 @@ def explain(module, *inputs, verbose=True):
 def stats():
     """Process-wide counters:
     executions: fused partition executions; compilations: partitions compiled;
-    conv_primitives: of those, int8 convolution groups built as one oneDNN convolution primitive
-    (not run through oneDNN Graph: the same kernel, less work a call; TORCH_LLGA_OWN_KERNELS=0
-    turns that off);
+    int8_primitives: of those, int8 convolution and linear groups built as one oneDNN convolution
+    or matmul primitive (not run through oneDNN Graph: the same kernel, less work a call;
+    TORCH_LLGA_OWN_KERNELS=0 turns that off);
     partitionings: graphs oneDNN was asked to partition (one per block of a fused graph, and one
     per group the first time a call brings it other input sizes);
     guard_failures: calls that ran a group unfused because its inputs differed from what it was

@@ -12,11 +12,12 @@ import sys
 HEADERS = ("dnnl_common.h", "dnnl_graph.h")
 # From the primitive API's header, only what torch_llga asks of it: the instruction set oneDNN's
 # kernels use (quirks that depend on the CPU, and what the tests may expect to fuse), and what
-# dnnl.hpp calls to build and run an int8 convolution primitive (runtime/int8_conv.cpp).
+# dnnl.hpp calls to build and run int8 convolution and matmul primitives (runtime/int8_primitive.cpp).
 EXTRA = {
     "dnnl.h": (
         "dnnl_get_effective_cpu_isa",
         "dnnl_convolution_forward_primitive_desc_create",
+        "dnnl_matmul_primitive_desc_create",
         "dnnl_reorder_primitive_desc_create",
         "dnnl_memory_create_v2",
         "dnnl_memory_destroy",

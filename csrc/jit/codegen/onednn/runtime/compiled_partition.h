@@ -13,7 +13,7 @@
 
 namespace llga {
 
-class Int8Conv;
+class Int8Primitive;
 
 struct CompiledPartition {
   // Timed executions against the group's unfused ops (speed_check.cpp).
@@ -39,8 +39,8 @@ struct CompiledPartition {
   std::vector<In> in;    // per input port of the partition
   std::vector<Out> out;  // per output port
   dnnl::graph::compiled_partition partition;
-  // Or, for an int8 convolution group, the primitive that runs it instead (int8_conv.h).
-  std::shared_ptr<Int8Conv> int8_conv;
+  // Or, for an int8 convolution or linear group, the primitive that runs it instead (int8_primitive.h).
+  std::shared_ptr<Int8Primitive> int8;
 
   // (input port, output port) pairs oneDNN may compute in place: a conv or matmul with a sum
   // post-op accumulates into the added tensor's buffer instead of copying it to the output first.

@@ -7,7 +7,7 @@
 //   layouts.{h,cpp}      which input layouts oneDNN is handed, the cache key, output layouts
 //   channels_last_image  a model's NCHW image interleaved to NHWC (SIMD)
 //   compile_cache.h      compiled partitions by key: each compiled once, outside the lock
-//   int8_conv.{h,cpp}    an int8 convolution group as one oneDNN primitive, not a partition
+//   int8_primitive.{h,cpp}  an int8 convolution or linear group as one oneDNN primitive
 //   new_sizes.cpp        re-checking the group's ops at sizes the fuser never saw
 //   inplace.{h,cpp}      when an output may take an input's memory (the reference-count rule)
 //   speed_check.cpp      running the partition unfused where oneDNN is far slower
@@ -23,7 +23,7 @@
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/runtime/compile_cache.h"
 #include "jit/codegen/onednn/runtime/compiled_partition.h"
-#include "jit/codegen/onednn/runtime/int8_conv.h"
+#include "jit/codegen/onednn/runtime/int8_primitive.h"
 
 #include <memory>
 #include <mutex>
@@ -56,8 +56,8 @@ class FusionKernel {
   torch::jit::Code& fallback_code();
   void for_pytorch(torch::jit::Stack& stack) const;
   std::shared_ptr<CompiledPartition> compile(const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
-  // The group as an int8 convolution primitive for these inputs (at the profiled sizes), or null.
-  std::shared_ptr<CompiledPartition> compile_int8_conv(const Inputs& inputs);
+  // The group as an int8 convolution or matmul primitive for these inputs (at the profiled sizes), or null.
+  std::shared_ptr<CompiledPartition> compile_int8(const Inputs& inputs);
   bool maps_at(c10::ArrayRef<c10::IValue> args);
   void run_fallback(torch::jit::Stack& stack);
 
@@ -112,7 +112,7 @@ class FusionKernel {
   std::vector<InPort> in_ports_;
   std::vector<OutPort> out_ports_;
   std::vector<size_t> output_port_;  // group output -> its output port
-  std::optional<Int8ConvSpec> int8_conv_;  // an int8 convolution group (int8_conv.h)
+  std::optional<Int8Spec> int8_;  // an int8 convolution or linear group (int8_primitive.h)
 
   CompileCache<CompiledPartition> cache_;  // by the input ports' layouts (layouts.h, append_layout_key)
   std::unique_ptr<torch::jit::Code> fallback_code_;

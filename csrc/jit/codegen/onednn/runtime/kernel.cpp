@@ -86,9 +86,9 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
   whole_fallback_ = !bind(node);
   if (!whole_fallback_)
     for (const InPort& port : in_ports_) constant_bytes_ += port.constant.defined() ? port.constant.nbytes() : 0;
-  if (!whole_fallback_ && out_ports_.size() == 1 && out_ports_[0].qparams && runtime::own_kernels_enabled()) {
-    int8_conv_ = int8_conv_spec(*subgraph_);
-    if (int8_conv_ && int8_conv_->dst_dtype != out_ports_[0].dtype) int8_conv_.reset();
+  if (!whole_fallback_ && out_ports_.size() == 1 && !out_ports_[0].opaque && runtime::own_kernels_enabled()) {
+    int8_ = int8_spec(*subgraph_);
+    if (int8_ && int8_->dst_dtype != out_ports_[0].dtype) int8_.reset();
   }
   runtime::constants_alive(constant_bytes_);
 }
@@ -114,8 +114,8 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
     auto sizes = is_llga_tensor(t) ? llga_impl(t).desc().get_dims() : t.dim() == 0 ? std::vector<int64_t>{1} : t.sizes().vec();
     profiled_sizes = profiled_sizes && sizes == port.sizes;
   }
-  if (int8_conv_ && profiled_sizes)
-    if (auto own = compile_int8_conv(inputs)) return own;
+  if (int8_ && profiled_sizes)
+    if (auto own = compile_int8(inputs)) return own;
   const Partition* part = profiled_sizes ? &profiled_ : maps_at(args) ? any_sizes() : nullptr;
   if (!part) {
     GRAPH_DEBUG("No partition of the group compiles for other sizes; running it unfused:\n", *subgraph_);
@@ -182,30 +182,38 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
   return c;
 }
 
-std::shared_ptr<CompiledPartition> FusionKernel::compile_int8_conv(const Inputs& inputs) {
-  const Int8ConvSpec& s = *int8_conv_;
+std::shared_ptr<CompiledPartition> FusionKernel::compile_int8(const Inputs& inputs) {
+  const Int8Spec& s = *int8_;
   const at::Tensor* residual = s.residual_input ? &inputs[*s.residual_input] : nullptr;
   const OutPort& port = out_ports_[0];
-  std::string why;
-  auto conv = Int8Conv::create(s, inputs[s.src_input], residual, port.sizes, &why);
-  if (!conv) {
-    GRAPH_DEBUG("The int8 convolution group runs as a partition: ", why);
+  // The output as the primitive writes it: a conv's channels-last, a linear's contiguous (an fp32
+  // one only where PyTorch's strides are those).
+  auto contiguous = c10::contiguous_strides(port.sizes);
+  std::vector<int64_t> strides = s.linear ? std::vector<int64_t>(contiguous.begin(), contiguous.end()) : quantized_strides(port.sizes);
+  std::string why = "its output is not contiguous";
+  auto primitive = s.quantized_output() || port.strides == unit_dims_dense(port.sizes, strides)
+                       ? Int8Primitive::create(s, inputs[s.src_input], residual, port.sizes, &why)
+                       : nullptr;
+  if (!primitive) {
+    GRAPH_DEBUG("The int8 group runs as a partition: ", why);
     return nullptr;
   }
   runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
-  runtime::stats().conv_primitives.fetch_add(1, std::memory_order_relaxed);
+  runtime::stats().int8_primitives.fetch_add(1, std::memory_order_relaxed);
   auto c = std::make_shared<CompiledPartition>();
-  c->int8_conv = std::move(conv);
+  c->int8 = std::move(primitive);
   CompiledPartition::Out o;
   o.sizes = port.sizes;
-  o.strides = quantized_strides(port.sizes);
-  o.format = c10::MemoryFormat::ChannelsLast;
+  o.strides = strides;
+  o.format = s.linear ? c10::MemoryFormat::Contiguous : c10::MemoryFormat::ChannelsLast;
+  if (!s.quantized_output())  // what dense_reusable_as_output compares an fp32 residual with
+    o.lt = logical_tensor(0, logical_tensor::data_type::f32, o.sizes, o.strides);
   c->out.push_back(std::move(o));
   // The sum accumulates into the residual's memory where nothing else reads it (as oneDNN Graph's
   // in-place port); never where the conv reads it too (conv(y) + y).
   for (size_t p = 0; residual && *s.residual_input != s.src_input && p < in_ports_.size(); ++p)
     if (in_ports_[p].input == *s.residual_input && inputs_[*s.residual_input].ports == 1) c->inplace.emplace_back(p, 0);
-  GRAPH_DEBUG("Compiled the int8 convolution group as a oneDNN primitive");
+  GRAPH_DEBUG("Compiled the int8 ", s.linear ? "linear" : "convolution", " group as a oneDNN primitive");
   return c;
 }
 
@@ -290,15 +298,15 @@ void FusionKernel::execute(CompiledPartition& c, const Inputs& inputs, c10::Arra
               : q ? new_quantized_output(o.sizes, port.dtype, q->scale, q->zero_point, o.format)
                   : at::empty_strided(o.sizes, o.strides, at::TensorOptions().dtype(port.dtype));
   }
-  if (c.int8_conv) {
-    const Int8ConvSpec& s = *int8_conv_;
+  if (c.int8) {
+    const Int8Spec& s = *int8_;
     void* dst = data_of(outs[0]);
     if (s.residual_input) {  // the sum post-op adds to what dst holds
       const at::Tensor& r = inputs[*s.residual_input];
       if (data_of(r) != dst) std::memcpy(dst, data_of(r), r.nbytes());
     }
     std::lock_guard<std::mutex> lock(c.execute_mutex);
-    c.int8_conv->execute(data_of(inputs[s.src_input]), dst);
+    c.int8->execute(data_of(inputs[s.src_input]), dst);
   } else {
     // oneDNN's C API takes arrays of its tensors' handles: built here on the stack (its C++
     // execute() builds two vectors a call).

@@ -36,7 +36,8 @@ bool small_plans_enabled();
 void set_small_plans_enabled(bool on);
 
 // Whether patterns torch_llga has its own kernel for (kernels/) run it rather than oneDNN's, and
-// int8 convolution groups run as oneDNN primitives rather than partitions (int8_conv.h); on
+// int8 convolution and linear groups run as oneDNN primitives rather than partitions
+// (int8_primitive.h); on
 // unless TORCH_LLGA_OWN_KERNELS=0 when a graph is optimized (read then, for A/B comparisons).
 bool own_kernels_enabled();
 
@@ -59,7 +60,7 @@ struct Stats {
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
   std::atomic<int64_t> slow_partitions{0};    // compiled partitions run unfused: far slower than PyTorch (speed_check.cpp)
   std::atomic<int64_t> constant_cache_flushes{0};  // emptied because dropped kernels' weights outweighed live ones (runtime.cpp)
-  std::atomic<int64_t> conv_primitives{0};  // of the compilations: int8 conv groups built as one oneDNN primitive (int8_conv.h)
+  std::atomic<int64_t> int8_primitives{0};  // of the compilations: int8 conv/linear groups built as one oneDNN primitive (int8_primitive.h)
   std::atomic<int64_t> to_dense_compilations{0};  // reorders to strided compiled by llga_to_dense (one per layout, to_dense.cpp)
 };
 Stats& stats();
