@@ -58,9 +58,10 @@ std::optional<Dequantized> dequantized_input(const Value* v, const torch::jit::G
   return Dequantized{i, static_cast<float>(d->f(kQuantScale)), static_cast<int32_t>(d->i(kQuantZeroPoint))};
 }
 
-// relu, relu6, hardtanh(lo, hi), clamp(lo, hi): a clip (clip(0, inf) runs as oneDNN's relu, the
-// others as its clip_v2, as oneDNN Graph runs ReLU and Clamp); gelu (erf or tanh).
-std::optional<Int8Spec::PostOp> clip_of(const Node* n) {
+// The elementwise post-op n is: relu, relu6, hardtanh(lo, hi) or clamp(lo, hi) as a clip (clip(0,
+// inf) runs as oneDNN's relu, the others as its clip_v2, as oneDNN Graph runs ReLU and Clamp);
+// gelu (erf or tanh).
+std::optional<Int8Spec::PostOp> eltwise_of(const Node* n) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   using P = Int8Spec::PostOp;
   if (n->kind() == c10::aten::relu && n->inputs().size() == 1) return P{P::kClip, 0, kInf};
@@ -162,7 +163,7 @@ std::optional<Int8Spec> int8_spec(const torch::jit::Graph& g) {
     if (v->uses().size() != 1) return std::nullopt;
     const Node* n = v->node();
     ++computing_nodes;
-    if (auto op = clip_of(n)) {
+    if (auto op = eltwise_of(n)) {
       s.post_ops.insert(s.post_ops.begin(), *op);
       v = n->input(0);
     } else if (n->kind() == c10::aten::add && n->inputs().size() == 3 && !s.residual_input) {
