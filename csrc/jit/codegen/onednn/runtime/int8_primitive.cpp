@@ -5,7 +5,6 @@
 #include "jit/codegen/onednn/runtime/int8_primitive.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/strides.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>

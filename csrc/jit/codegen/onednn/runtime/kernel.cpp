@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <c10/util/strides.h>
 #include <algorithm>
 #include <cstring>
 #include <torch/csrc/jit/jit_log.h>
