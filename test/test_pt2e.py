@@ -186,7 +186,39 @@ warm(torch.compile(pt2e(image_classifier(), x), backend="torch_llga"), x)
 def test_pt2e_encoder_linears_run_int8():
     graph = fused_pt2e(TinyEncoder(), torch.randn(2, 16, 64))
     int8_linears = [g for g in groups_of(graph) if "linear" in g and "dequantize" in g]
-    assert sum(g.count("linear") for g in int8_linears) == 7
+    assert sum(g.count("linear") for g in int8_linears) == 5  # q, k and v as one (MergeParallelLinears)
+
+
+class Projections(nn.Module):
+    """Three int8 linears of one input, as attention's q, k and v, and a fourth whose output an
+    activation reads (which stays its own group: the relu joins its kernel)."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.q, self.k, self.v, self.gate = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        b, s, d = x.shape
+        heads = lambda t: t.view(b, s, 4, d // 4).transpose(1, 2)  # noqa: E731
+        return heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), F.relu(self.gate(x))
+
+
+def test_pt2e_parallel_int8_linears_merge():
+    # q, k and v (one quantized input, constant per-channel weights) run as one int8 matmul over
+    # their stacked weights, each output a slice of its columns: the same codes, scales and bias
+    # per column, so each is the reference's up to fp32 rounding (the reference sums the
+    # dequantized products in fp32, the kernel the codes' in int32).
+    x = torch.randn(2, 16, 64)
+    reference = pt2e(Projections(), x)
+    compiled = torch_llga.compile(torch.export.export(reference, (x,)))
+    out, graph = warm(compiled, x)
+    linears = [g for g in groups_of(graph) if "linear" in g]
+    assert linears == [["dequantize", "dequantize", "linear"], ["dequantize", "dequantize", "linear", "relu"]], linears
+    assert len(graph.findAllNodes("aten::slice")) == 3
+    with torch.no_grad():
+        expected = reference(x)
+    for got, want in zip(out, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_pt2e_through_torch_export():
@@ -198,7 +230,7 @@ def test_pt2e_through_torch_export():
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
     assert not [k for k in left_in_pytorch(graph) if k.startswith("quantized_decomposed")]
-    assert sum(g.count("linear") for g in groups_of(graph)) == 7
+    assert sum(g.count("linear") for g in groups_of(graph)) == 5
 
 
 def test_pt2e_reduce_range_runs_int8_kernels_on_every_cpu():
@@ -411,7 +443,7 @@ def test_pt2e_reduce_range_encoder_linears_run_int8():
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
     int8_linears = [g for g in groups_of(graph) if "linear" in g and g.count("dequantize") >= 2]
-    assert sum(g.count("linear") for g in int8_linears) == 7
+    assert sum(g.count("linear") for g in int8_linears) == 5  # q, k and v as one
 
 
 def test_pt2e_dynamic_quantization_stays_right():
@@ -497,7 +529,7 @@ def test_pt2e_encoder_quantizes_left_to_pytorch_run_the_own_kernel():
     norms = graph.findAllNodes("llga::layer_norm", True)
     assert len(norms) == (2 if AVX2 else 0) and own_kernels(graph).count("llga::layer_norm") == len(norms)
     assert not [g for g in groups_of(graph) if "layer_norm" in g] or not AVX2
-    assert sum(g.count("linear") for g in groups_of(graph)) == 7
+    assert sum(g.count("linear") for g in groups_of(graph)) == 5  # q, k and v as one
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
 

@@ -88,7 +88,7 @@ void ComposeRmsNorm(std::shared_ptr<Graph>& g);    // RMSNorm written out (pow, 
 void SplitChunkedLinears(std::shared_ptr<Graph>& g);  // a biased linear's output chunked on its last dim -> a linear per chunk
 void DecodeAttention(std::shared_ptr<Graph>& g);   // SDPA of a decoder's step over a KV cache -> llga::decode_attention
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, addmm, MHA fast path, SDPA -> mapped ops; bf16 LN weights -> fp32
-void MergeParallelLinears(std::shared_ptr<Graph>& g);  // bias-free linears of one input -> one linear, sliced
+void MergeParallelLinears(std::shared_ptr<Graph>& g);  // bias-free or int8 linears of one input -> one linear, sliced
 void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1
 void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use
 void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops
