@@ -190,19 +190,22 @@ def test_pt2e_encoder_linears_run_int8():
 
 
 class Projections(nn.Module):
-    """Three int8 linears of one input, as attention's q, k and v, and a fourth whose output an
-    activation reads (which stays its own group: the relu joins its kernel)."""
+    """q, k and v of one input (k and v narrower, as grouped-query attention's); a gate whose output
+    a relu reads (its kernel's post-op: it stays its own group); a linear whose output a view folds
+    (`view(b, -1)`: no slice of a wider output suits it, so it stays its own too)."""
 
     def __init__(self, d=64):
         super().__init__()
-        self.q, self.k, self.v, self.gate = (nn.Linear(d, d) for _ in range(4))
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d // 2), nn.Linear(d, d // 2)
+        self.gate, self.flat = nn.Linear(d, d), nn.Linear(d, d)
 
     def forward(self, x):
         b, s, d = x.shape
-        heads = lambda t: t.view(b, s, 4, d // 4).transpose(1, 2)  # noqa: E731
-        return heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), F.relu(self.gate(x))
+        heads = lambda t: t.view(b, s, -1, 16).transpose(1, 2)  # noqa: E731
+        return heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), F.relu(self.gate(x)), self.flat(x).view(b, -1)
 
 
+@requires_int8_kernels
 def test_pt2e_parallel_int8_linears_merge():
     # q, k and v (one quantized input, constant per-channel weights) run as one int8 matmul over
     # their stacked weights, each output a slice of its columns: the same codes, scales and bias
@@ -213,10 +216,13 @@ def test_pt2e_parallel_int8_linears_merge():
     compiled = torch_llga.compile(torch.export.export(reference, (x,)))
     out, graph = warm(compiled, x)
     linears = [g for g in groups_of(graph) if "linear" in g]
-    assert linears == [["dequantize", "dequantize", "linear"], ["dequantize", "dequantize", "linear", "relu"]], linears
-    assert len(graph.findAllNodes("aten::slice")) == 3
+    plain = ["dequantize", "dequantize", "linear"]
+    assert linears == [plain, plain, plain + ["relu"]], linears  # q, k and v as one; flat; gate
+    slices = graph.findAllNodes("aten::slice")
+    assert len(slices) == 3 and len({next(s.inputs()).unique() for s in slices}) == 1
     with torch.no_grad():
         expected = reference(x)
+    assert len(out) == len(expected) == 5
     for got, want in zip(out, expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
