@@ -58,6 +58,28 @@ def test_release_frees_compiled_partitions():
     torch_llga.release(fused.module)
 
 
+def test_release_frees_a_compiled_programs_partitions():
+    # torch_llga.compile(program) traces the program into frozen scripts, which PyTorch keeps until
+    # exit: release(compiled) frees their partitions before the program is dropped.
+    x = torch.randn(1, 3, 16, 16)
+    model = small_convnet()
+    alive = torch_llga.stats()["cached_partitions"]
+    compiled = torch_llga.compile(torch.export.export(model, (x,)))
+    with torch.no_grad():
+        compiled(x), compiled(x)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    made = torch_llga.stats()["cached_partitions"] - alive
+    assert made > 0
+    assert torch_llga.release(compiled) == made
+    assert torch_llga.stats()["cached_partitions"] == alive
+    with torch.no_grad():  # it still works: it compiles again
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert torch_llga.stats()["cached_partitions"] - alive == made
+    assert torch_llga.release(compiled) == made
+    with pytest.raises(TypeError, match="torch_llga.compile returned"):
+        torch_llga.release(model)
+
+
 @SANITIZED
 def test_scratch_memory_is_reused_not_faulted_in_on_every_call():
     """A MobileNetV2 block at 56x56: oneDNN runs the 1x1 conv fused with the depthwise one through

@@ -91,30 +91,38 @@ def buffer_pool_limit():
 
 
 def release(module=None):
-    """Frees the compiled oneDNN partitions of a module's fusion groups, or of every module when
-    none is given, and empties oneDNN's constant weight cache (the reordered weights of every
-    module: the others reorder theirs again on their next call) and the buffers kept for reuse
-    (scratch memory and LLGA tensors, up to buffer_pool_limit()); returns how many partitions
-    were freed.
+    """Frees the compiled oneDNN partitions of a module's fusion groups (a TorchScript module, or
+    what torch_llga.compile(program) returned), or of every module when none is given, and
+    empties oneDNN's constant weight cache (the reordered weights of every module: the others
+    reorder theirs again on their next call) and the buffers kept for reuse (scratch memory and
+    LLGA tensors, up to buffer_pool_limit()); returns how many partitions were freed.
     The module still works: its next call compiles again.
 
     Why this exists: PyTorch keeps the code of every traced or frozen module (its graph, frozen
     weights and executor, and so our compiled partitions) in its global compilation unit until
-    the process exits, even after the module is deleted. Call this before dropping a module."""
+    the process exits, even after the module is deleted; torch_llga.compile traces its program
+    into such modules. Call this before dropping a module."""
     if module is None:
         released = _C._release_all()
+    elif isinstance(module, dynamo.CompiledProgram):
+        released = sum(_release_script(script) for script in module.scripts.scripts.values())
+    elif isinstance(module, torch.jit.ScriptModule):
+        released = _release_script(module)
     else:
-        if not isinstance(module, torch.jit.ScriptModule):
-            raise TypeError(f"release() takes a TorchScript module (torch.jit.trace/script/freeze), not {type(module).__name__}")
-        try:
-            state = module.get_debug_state()
-        except RuntimeError:  # never optimized (called fewer than twice): nothing compiled
-            return 0
-        released = sum(_C._release(plan.graph) for plan in state.execution_plans.values())
+        raise TypeError(f"release() takes a TorchScript module (torch.jit.trace/script/freeze) or what "
+                        f"torch_llga.compile returned, not {type(module).__name__}")
     # oneDNN's constant cache can only be emptied whole: other modules reorder their weights once more
     # on their next call.
     _C._flush_constant_cache()
     return released
+
+
+def _release_script(module):
+    try:
+        state = module.get_debug_state()
+    except RuntimeError:  # never optimized (called fewer than twice): nothing compiled
+        return 0
+    return sum(_C._release(plan.graph) for plan in state.execution_plans.values())
 
 
 def explain(module, *inputs, verbose=True):
