@@ -80,6 +80,26 @@ def test_release_frees_a_compiled_programs_partitions():
         torch_llga.release(model)
 
 
+def test_dropped_compiled_programs_free_their_partitions():
+    # The scripts torch_llga.compile and the torch.compile backend trace are reloaded into a
+    # compilation unit of their own (PyTorch's global one keeps a traced module's code, and once
+    # frozen its weights and compiled partitions, until exit): dropped, they free them.
+    x = torch.randn(1, 3, 16, 16)
+    model = small_convnet()
+    program = torch.export.export(model, (x,))
+    alive = torch_llga.stats()["cached_partitions"]
+    for door in ("export", "export", "torch.compile"):
+        compiled = torch_llga.compile(program) if door == "export" else torch.compile(model, backend="torch_llga")
+        with torch.no_grad():
+            compiled(x), compiled(x)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        assert torch_llga.stats()["cached_partitions"] > alive, door
+        del compiled
+        torch._dynamo.reset()  # Dynamo's cache holds the backend's callable
+        gc.collect()
+        assert torch_llga.stats()["cached_partitions"] == alive, door
+
+
 @SANITIZED
 def test_scratch_memory_is_reused_not_faulted_in_on_every_call():
     """A MobileNetV2 block at 56x56: oneDNN runs the 1x1 conv fused with the depthwise one through

@@ -100,8 +100,9 @@ def release(module=None):
 
     Why this exists: PyTorch keeps the code of every traced or frozen module (its graph, frozen
     weights and executor, and so our compiled partitions) in its global compilation unit until
-    the process exits, even after the module is deleted; torch_llga.compile traces its program
-    into such modules. Call this before dropping a module."""
+    the process exits, even after the module is deleted. Call this before dropping a module.
+    (torch_llga.compile's and the torch.compile backend's scripts have compilation units of their
+    own, freed with them: for those it frees the partitions of a program kept.)"""
     if module is None:
         released = _C._release_all()
     elif isinstance(module, dynamo.CompiledProgram):

@@ -23,6 +23,7 @@ Inference only: a call that needs gradients runs the graph as it came (eager), w
 """
 import collections
 import copy
+import io
 import operator
 import threading
 import warnings
@@ -351,7 +352,7 @@ class _FxScripts:
             # its inputs (a cache position, a KV cache) writes them once, in the caller's call.
             try:
                 copies = tuple(args[i].clone() for i in self.tensors)
-                script = torch.jit.freeze(torch.jit.trace(module.eval(), copies, check_trace=False, strict=False))
+                script = torch.jit.freeze(_in_own_unit(torch.jit.trace(module.eval(), copies, check_trace=False, strict=False)))
             except Exception as e:  # noqa: BLE001 - what TorchScript cannot trace, said in one line
                 raise TraceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from e
             was_on = _C._set_enabled_in_thread(True)
@@ -391,6 +392,37 @@ class _FxScripts:
                 number_type, expr = what
                 out.append(number_type(expr.xreplace(values)))
         return tuple(out)
+
+
+def _in_own_unit(traced):
+    """The traced module, reloaded into a compilation unit of its own: PyTorch keeps a traced
+    module's code in its global unit until exit, and freezing it there would keep its weights and
+    compiled partitions too, the module deleted or not. A loaded module's unit goes with it.
+    Saved without its weights (each an empty tensor of its dtype meanwhile), which the loaded module
+    then takes back: no copy. BERT-base's round trip takes ~125 ms (2.3 s with its 418 MB saved)."""
+    held = []
+    for owner_name, owner in traced.named_modules():
+        for name, tensor in list(owner.named_buffers(recurse=False)) + list(owner.named_parameters(recurse=False)):
+            if not tensor.is_quantized:  # (an empty quantized tensor needs its quantizer: saved as it is)
+                held.append((owner_name, name, tensor))
+                setattr(owner, name, tensor.new_empty(0))
+    buffer = io.BytesIO()
+    try:
+        torch.jit.save(traced, buffer)
+    finally:
+        for owner_name, name, tensor in held:
+            setattr(_submodule(traced, owner_name), name, tensor)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    for owner_name, name, tensor in held:
+        setattr(_submodule(loaded, owner_name), name, tensor)
+    return loaded
+
+
+def _submodule(module, path):
+    for name in path.split(".") if path else ():
+        module = getattr(module, name)
+    return module
 
 
 def _replace_with_constant(node, value):
