@@ -87,6 +87,7 @@ def test_dropped_compiled_programs_free_their_partitions():
     x = torch.randn(1, 3, 16, 16)
     model = small_convnet()
     program = torch.export.export(model, (x,))
+    gc.collect()  # what earlier tests dropped, freed before counting
     alive = torch_llga.stats()["cached_partitions"]
     for door in ("export", "export", "torch.compile"):
         compiled = torch_llga.compile(program) if door == "export" else torch.compile(model, backend="torch_llga")
@@ -98,6 +99,32 @@ def test_dropped_compiled_programs_free_their_partitions():
         torch._dynamo.reset()  # Dynamo's cache holds the backend's callable
         gc.collect()
         assert torch_llga.stats()["cached_partitions"] == alive, door
+
+
+def test_a_trace_no_archive_holds_keeps_its_weights_and_place():
+    # An autograd.Function traces to a PythonOp, which torch.jit.save refuses: the traced module
+    # stays in PyTorch's unit, as before, with its weights back in place.
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((3,), 3.0))
+
+        def forward(self, x):
+            return Double.apply(x) * self.scale
+
+    x = torch.randn(3)
+    traced = torch.jit.trace(Scaled(), x, check_trace=False)
+    assert torch_llga.dynamo._in_own_unit(traced) is traced
+    torch.testing.assert_close(traced(x), x * 6, rtol=0, atol=0)
 
 
 @SANITIZED

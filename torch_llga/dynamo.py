@@ -398,17 +398,22 @@ def _in_own_unit(traced):
     """The traced module, reloaded into a compilation unit of its own: PyTorch keeps a traced
     module's code in its global unit until exit, and freezing it there would keep its weights and
     compiled partitions too, the module deleted or not. A loaded module's unit goes with it.
-    Saved without its weights (each an empty tensor of its dtype meanwhile), which the loaded module
-    then takes back: no copy. BERT-base's round trip takes ~125 ms (2.3 s with its 418 MB saved)."""
+    Saved without its weights (each an empty tensor of its dtype meanwhile; a quantized one saved
+    as it is), which the loaded module then takes back: no copy kept. BERT-base's round trip takes
+    ~125 ms (2.3 s with its 418 MB saved). What the archive cannot hold (an autograd.Function's
+    PythonOp) leaves the traced module where it is, as before."""
     held = []
     for owner_name, owner in traced.named_modules():
         for name, tensor in list(owner.named_buffers(recurse=False)) + list(owner.named_parameters(recurse=False)):
-            if not tensor.is_quantized:  # (an empty quantized tensor needs its quantizer: saved as it is)
-                held.append((owner_name, name, tensor))
-                setattr(owner, name, tensor.new_empty(0))
+            held.append((owner_name, name, tensor))
     buffer = io.BytesIO()
     try:
+        for owner_name, name, tensor in held:
+            if not tensor.is_quantized:  # (an empty quantized tensor needs its quantizer)
+                setattr(_submodule(traced, owner_name), name, tensor.new_empty(0))
         torch.jit.save(traced, buffer)
+    except Exception:  # noqa: BLE001 - not serializable: the global unit, as a trace alone has it
+        return traced
     finally:
         for owner_name, name, tensor in held:
             setattr(_submodule(traced, owner_name), name, tensor)
