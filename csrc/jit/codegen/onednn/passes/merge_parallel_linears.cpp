@@ -160,10 +160,10 @@ void merge(const std::shared_ptr<Graph>& g, const Linears& linears, bool int8) {
     w = g->insertConstant(at::cat(weights, 0).contiguous());
     bias = g->insertConstant(c10::IValue());
   }
-  const int64_t columns_in_all = w->type()->expect<TensorType>()->sizes().concrete_sizes()->at(0);
   auto out = first->output()->type()->expect<TensorType>();
   std::vector<int64_t> sizes = *out->sizes().concrete_sizes();
-  sizes.back() = columns_in_all;
+  sizes.back() = 0;
+  for (const auto& [n, weight] : linears) sizes.back() += weight.size(0);  // every linear's columns
   auto contiguous = c10::contiguous_strides(sizes);
   std::vector<int64_t> strides(contiguous.begin(), contiguous.end());  // the merged output's, and its slices'
 
