@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import torch_llga
 
-from conftest import FP32, check, SOME
+from conftest import FP32, check, requires_int8_kernels, SOME
 
 # Under `make test-sanitize` resident memory measures AddressSanitizer: its quarantine keeps freed
 # memory resident (plain TorchScript alone grew 62 MB per dropped module there, against 37).
@@ -290,6 +290,46 @@ for i in range(16):
     sizes.append(rss())
 print(*sizes, torch_llga.stats()["constant_cache_flushes"])
 """
+
+
+# Loads a PT2E int8 model of four 3x3 convs (590 KB of int8 weights each) 8 times through
+# torch.export, each run and dropped; prints its int8 primitives, then the constant cache's flushes.
+INT8_RELOADS = r"""
+import gc, warnings
+import torch, torch.nn as nn, torch_llga
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+warnings.filterwarnings("ignore")
+torch.set_num_threads(1)
+x = torch.randn(1, 256, 7, 7).contiguous(memory_format=torch.channels_last)
+m = nn.Sequential(*[nn.Sequential(nn.Conv2d(256, 256, 3, padding=1), nn.ReLU()) for _ in range(4)]).eval()
+quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+prepared = prepare_pt2e(torch.export.export(m, (x,), strict=True).module(), quantizer)
+with torch.no_grad():
+    prepared(x)
+program = torch.export.export(convert_pt2e(prepared), (x,))
+for _ in range(8):
+    compiled = torch_llga.compile(program)
+    with torch.no_grad():
+        compiled(x), compiled(x), compiled(x)
+    del compiled
+    gc.collect()
+print(torch_llga.stats()["int8_primitives"], torch_llga.stats()["constant_cache_flushes"])
+"""
+
+
+@requires_int8_kernels
+def test_int8_primitive_groups_leave_nothing_in_the_constant_cache():
+    """A group run as an int8 primitive keeps its reordered weights itself, freed with it, none in
+    oneDNN's constant cache: dropping it is no reason to empty the cache, which costs every live
+    model a reorder of its weights. Here three of the four convs are primitives (the last one's
+    fp32 output is a oneDNN Graph partition's): 8 drops leave 4.7 MB of dead cache entries, one
+    flush at most (counting the primitives' weights too: 19 MB, a flush every other drop)."""
+    pytest.importorskip("torchao")
+    out = subprocess.run([sys.executable, "-c", INT8_RELOADS], capture_output=True, text=True, check=True)
+    primitives, flushes = (int(v) for v in out.stdout.split())
+    assert primitives == 8 * 3, out.stdout
+    assert flushes <= 1, out.stdout
 
 
 @SANITIZED

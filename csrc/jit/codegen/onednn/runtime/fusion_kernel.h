@@ -25,6 +25,7 @@
 #include "jit/codegen/onednn/runtime/compiled_partition.h"
 #include "jit/codegen/onednn/runtime/int8_primitive.h"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -71,6 +72,9 @@ class FusionKernel {
   size_t num_inputs_ = 0;
   bool whole_fallback_ = false;  // the partition does not fit the group (see bind)
   size_t constant_bytes_ = 0;    // of the weights it reads: what oneDNN's constant cache keeps of it (runtime.h)
+  // Whether they were reported alive: once a oneDNN Graph partition of the group compiles (an int8
+  // primitive keeps its own copy, freed with it: none in the cache).
+  std::atomic<bool> constants_reported_{false};
 
   // A partition with its port ids, in the order of in_ports_ and out_ports_.
   struct Partition {

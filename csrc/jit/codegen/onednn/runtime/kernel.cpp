@@ -91,12 +91,11 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
     int8_ = int8_spec(*subgraph_);
     if (int8_ && int8_->dst_dtype != out_ports_[0].dtype) int8_.reset();
   }
-  runtime::constants_alive(constant_bytes_);
 }
 
 FusionKernel::~FusionKernel() {
   unregister_kernel(group_id_, this);
-  runtime::constants_dropped(constant_bytes_);
+  if (constants_reported_) runtime::constants_dropped(constant_bytes_);
 }
 
 void FusionKernel::release() {
@@ -154,6 +153,7 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
   try {
     runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
     c->partition = compile_retrying_with_strided_outputs(part->partition, inputs_lt, outputs);
+    if (!constants_reported_.exchange(true)) runtime::constants_alive(constant_bytes_);  // the cache takes them now
     for (const auto& lt : inputs_lt) c->in.push_back({lt, dnnl::graph::tensor(lt, runtime::engine(), nullptr), nullptr});
     for (size_t p = 0; p < out_ids.size(); ++p) {
       CompiledPartition::Out o;

@@ -16,8 +16,9 @@ dnnl::stream& stream();  // one per thread: oneDNN streams are not meant to be s
 // holds (every module's; each reorders its weights again on its next call).
 bool constant_cache_enabled();
 void flush_constant_cache();
-// A kernel's constant inputs (frozen weights) in bytes, as it is made and destroyed; once the
-// dropped ones' entries (kept by oneDNN until a flush) outweigh the live ones, the next
+// A kernel's constant inputs (frozen weights) in bytes, once a partition of it compiles (an int8
+// primitive's copy is its own: runtime/int8_primitive.h) and as it is destroyed; once the dropped
+// ones' entries (kept by oneDNN until a flush) outweigh the live ones, the next
 // flush_dropped_constants() (a compilation's) empties the cache.
 void constants_alive(size_t bytes);
 void constants_dropped(size_t bytes);
