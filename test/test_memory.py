@@ -293,7 +293,8 @@ print(*sizes, torch_llga.stats()["constant_cache_flushes"])
 
 
 # Loads a PT2E int8 model of four 3x3 convs (590 KB of int8 weights each) 8 times through
-# torch.export, each run and dropped; prints its int8 primitives, then the constant cache's flushes.
+# torch.export, each run (the same values each time, near the PT2E reference) and dropped; prints
+# its int8 primitives, then the constant cache's flushes.
 INT8_RELOADS = r"""
 import gc, warnings
 import torch, torch.nn as nn, torch_llga
@@ -308,12 +309,19 @@ prepared = prepare_pt2e(torch.export.export(m, (x,), strict=True).module(), quan
 with torch.no_grad():
     prepared(x)
 program = torch.export.export(convert_pt2e(prepared), (x,))
+outputs = []
 for _ in range(8):
     compiled = torch_llga.compile(program)
     with torch.no_grad():
-        compiled(x), compiled(x), compiled(x)
+        compiled(x), compiled(x)
+        outputs.append(compiled(x))
     del compiled
     gc.collect()
+# every reload computes what the first did, flush or not
+assert all(torch.equal(o, outputs[0]) for o in outputs), "a reload computed other values"
+with torch.no_grad():
+    reference = program.module()(x)
+assert (outputs[0] - reference).abs().max() <= 0.05 * reference.abs().max(), "far from the PT2E reference"
 print(torch_llga.stats()["int8_primitives"], torch_llga.stats()["constant_cache_flushes"])
 """
 
