@@ -505,6 +505,85 @@ def test_own_quantize_gives_pytorchs_codes(dtype, zero_point):
     assert torch.equal(own.int_repr(), expected.int_repr())
 
 
+OWN_QUANTIZED_POOL = all(f in open("/proc/cpuinfo").read() for f in (" avx512f", " avx512bw", " avx512vl"))
+
+
+def pytorch_pool(x, scale, zero_point, dtype):
+    return torch.quantize_per_tensor(F.adaptive_avg_pool2d(x.dequantize(), 1), scale, zero_point, dtype)
+
+
+@pytest.mark.skipif(not OWN_QUANTIZED_POOL, reason="the own int8 pool kernel needs AVX-512 (F, BW, VL)")
+@pytest.mark.parametrize("dtype,zero_point", [(torch.quint8, 3), (torch.qint8, -5)])
+def test_own_quantized_pool_gives_pytorchs_codes(dtype, zero_point):
+    # 37 channels leave a partial vector; 7x5 pixels, two images. The kernel sums the codes exactly,
+    # PyTorch sums rounded floats: at a rounding tie a code may differ by one, never more.
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 256, (2, 37, 7, 5), generator=g, dtype=torch.uint8)
+    x = torch._make_per_tensor_quantized_tensor(codes if dtype == torch.quint8 else (codes.int() - 128).to(torch.int8),
+                                                0.05, zero_point).contiguous(memory_format=torch.channels_last)
+    own = torch.ops.llga.quantized_global_avg_pool(x, 0.0231, zero_point + 1, dtype)
+    expected = pytorch_pool(x, 0.0231, zero_point + 1, dtype)
+    assert own.shape == (2, 37, 1, 1) and own.dtype == dtype and own.q_scale() == 0.0231
+    difference = (own.int_repr().int() - expected.int_repr().int()).abs()
+    assert difference.max() <= 1 and (difference == 0).float().mean() > 0.9, difference.flatten()
+    # Saturated: means beyond the output grid clamp as PyTorch's quantize does.
+    assert torch.equal(torch.ops.llga.quantized_global_avg_pool(x, 1e-4, 0, dtype).int_repr(),
+                       pytorch_pool(x, 1e-4, 0, dtype).int_repr())
+    # NCHW codes are not what the kernel reads: PyTorch's ops, the same codes.
+    nchw = x.contiguous()
+    assert torch.equal(torch.ops.llga.quantized_global_avg_pool(nchw, 0.0231, 7, dtype).int_repr(),
+                       pytorch_pool(nchw, 0.0231, 7, dtype).int_repr())
+
+
+@pytest.mark.parametrize("to", [(0.00349, 0, torch.quint8), (0.1, -3, torch.qint8), (1.7, 250, torch.quint8)])
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8])
+def test_requantize_gives_pytorchs_codes(dtype, to):
+    # Bit for bit, every code of the input grid, to a finer grid (saturating), a coarser one, s8 or u8.
+    codes = torch.arange(256, dtype=torch.int32).reshape(16, 16)
+    codes = codes.to(torch.uint8) if dtype == torch.quint8 else (codes - 128).to(torch.int8)
+    x = torch._make_per_tensor_quantized_tensor(codes, 0.0169, 4 if dtype == torch.quint8 else -2)
+    for v in (x, x.t()):  # a transposed view: PyTorch's ops, the same codes
+        own = torch.ops.llga.requantize(v, *to)
+        expected = torch.quantize_per_tensor(v.dequantize(), *to)
+        assert own.dtype == to[2] and own.q_scale() == to[0] and own.q_zero_point() == to[1]
+        assert torch.equal(own.int_repr(), expected.int_repr())
+
+
+class DropoutHead(nn.Module):
+    """MobileNetV2's tail: conv, ReLU6, pool, flatten, dropout, linear. PT2E quantizes the dropout's
+    output to a grid of its own: the flatten sits between two grids."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 40, 3, stride=2, padding=1), nn.ReLU6(inplace=True))
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(40, 10))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), (1, 1)), 1))
+
+
+@requires_int8_kernels
+def test_pt2e_classifier_tail_pools_and_requantizes_in_own_kernels():
+    # The pool of the conv's codes runs llga::quantized_global_avg_pool (AVX-512), not a oneDNN
+    # partition of its own; the flatten reads its codes, and llga::requantize takes them to the
+    # linear's grid: no dequantize or quantize in PyTorch between the groups.
+    x = torch.randn(1, 3, 32, 32)
+    reference = pt2e(DropoutHead(), x)
+    quantizes = [n for n in reference.graph.nodes if n.target is torch.ops.quantized_decomposed.quantize_per_tensor.default]
+    assert len({n.args[1] for n in quantizes[-2:]}) == 2  # the pool's grid and the linear's differ
+    for compiled in (torch.compile(reference, backend="torch_llga"), torch_llga.compile(torch.export.export(reference, (x,)))):
+        out, graph = warm(compiled, x)
+        pools = graph.findAllNodes("llga::quantized_global_avg_pool", True)
+        assert len(pools) == (1 if OWN_QUANTIZED_POOL else 0)
+        assert len(graph.findAllNodes("llga::requantize", True)) == 1
+        assert ["dequantize", "dequantize", "linear"] in groups_of(graph)
+        assert not [g for g in groups_of(graph) if "adaptive_avg_pool2d" in g] or not OWN_QUANTIZED_POOL
+        assert "aten::dequantize" not in left_in_pytorch(graph), left_in_pytorch(graph)
+        assert sorted(own_kernels(graph)) == sorted(["llga::requantize"] + ["llga::quantized_global_avg_pool"] * len(pools))
+        with torch.no_grad():
+            torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
+
+
 @pytest.mark.skipif(not AVX2, reason="the own layer norm kernel needs AVX2 and FMA")
 @pytest.mark.parametrize("n", [768, 100, 7, 1])
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])

@@ -30,6 +30,8 @@ OWN_KERNELS = {
     "llga::widened_linear": "bf16 linear as fp32 GEMMs on the weight widened block by block (no oneDNN bf16 kernels here)",
     "llga::quantize_per_tensor": "fp32 -> int8 quantize left to PyTorch, 16K+ values, PyTorch's codes",
     "llga::layer_norm": "layer norm whose output a quantize reads (oneDNN's with the quantize fused is its reference kernel)",
+    "llga::quantized_global_avg_pool": "int8 global average pool (a CNN's before its classifier)",
+    "llga::requantize": "int8 codes to another scale (PT2E's flatten between two grids), PyTorch's codes",
 }
 
 

@@ -90,13 +90,14 @@ void DecodeAttention(std::shared_ptr<Graph>& g);   // SDPA of a decoder's step o
 void DecomposeOps(std::shared_ptr<Graph>& g);      // silu, addmm, MHA fast path, SDPA -> mapped ops; bf16 LN weights -> fp32
 void MergeParallelLinears(std::shared_ptr<Graph>& g);  // bias-free or int8 linears of one input -> one linear, sliced
 void PrepareBinary(std::shared_ptr<Graph>& g);     // scalar operands -> tensors; alpha; x+0, x*1
-void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use
+void PrepareQuantization(std::shared_ptr<Graph>& g);  // dequantize: scale/zero point recorded; one per use; requantized reshapes
 void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move before shape-preserving ops
 void PlanSmallGraph(std::shared_ptr<Graph>& g);    // a graph of tiny tensors -> one llga::SmallPlan
 void RowLinears(std::shared_ptr<Graph>& g);        // linears of 1-4 rows over large fp32/bf16 weights -> llga::row_linear
 void Int8RowLinears(std::shared_ptr<Graph>& g);    // int8 linears of 1-16 rows, no VNNI -> 1x1 int8 convolutions
 void WidenBf16Linears(std::shared_ptr<Graph>& g);  // other bf16 linears, no oneDNN bf16 kernels -> llga::widened_linear
 void LayerNormOwnKernel(std::shared_ptr<Graph>& g);  // layer norms whose output a quantize reads -> llga::layer_norm
+void QuantizedPoolOwnKernel(std::shared_ptr<Graph>& g);  // int8 global average pools -> llga::quantized_global_avg_pool
 void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque
 void InsertGuards(std::shared_ptr<Graph>& g);      // profiled-type checks with unfused fallback

@@ -31,6 +31,7 @@ void RunPipeline(std::shared_ptr<Graph>& g) {
   Int8RowLinears(g);
   WidenBf16Linears(g);
   LayerNormOwnKernel(g);
+  QuantizedPoolOwnKernel(g);
   FuseGraph(g);
   PropagateLayout(g);
   InsertGuards(g);

@@ -24,9 +24,11 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "jit/codegen/onednn/kernels/requantize.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/settings/settings.h"
 
 namespace llga {
 
@@ -147,13 +149,14 @@ bool is_quantized_reshape(const Node* n) {
   return t && t->scalarType() && c10::isQIntType(*t->scalarType());
 }
 
-// The scale and zero point of a quantized tensor made by quantize_per_tensor or fold_int8_adds, or
-// a reshape of one (fold_requantized_reshapes).
+// The scale and zero point of a quantized tensor made by quantize_per_tensor, fold_int8_adds or
+// llga::requantize, or a reshape of one (fold_requantized_reshapes).
 std::optional<QuantParams> output_params(const Node* n) {
   if (is_quantized_reshape(n)) return output_params(n->input(0)->node());
-  if (n->kind() == kQuantizedAddRelu || n->kind() == kQuantizedAdd) {
-    auto scale = torch::jit::constant_as<double>(n->input(2));
-    auto zp = torch::jit::constant_as<int64_t>(n->input(3));
+  if (n->kind() == kQuantizedAddRelu || n->kind() == kQuantizedAdd || n->kind() == kRequantize) {
+    const size_t first = n->kind() == kRequantize ? 1 : 2;  // (x, scale, zero point, ..) or (a, b, scale, zero point)
+    auto scale = torch::jit::constant_as<double>(n->input(first));
+    auto zp = torch::jit::constant_as<int64_t>(n->input(first + 1));
     if (scale && zp) return QuantParams{*scale, *zp};
     return std::nullopt;
   }
@@ -164,6 +167,8 @@ std::optional<QuantParams> output_params(const Node* n) {
 // reshape(q). A classifier's flatten between its pool and its linear, which PT2E's graph dequantizes
 // and quantizes again, otherwise three PyTorch ops between two int8 groups. Exact: a code c
 // dequantizes to (c - z) * s, which divided by s is c - z within a few ulps, and rounds back to it.
+// On another grid (a dropout between flatten and linear, which PT2E observes apart:
+// MobileNetV2's): llga::requantize(reshape(q), s, z), the same codes as the three ops, in one pass.
 bool fold_requantized_reshapes(torch::jit::Block* block) {
   bool folded_any = false;
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
@@ -178,13 +183,22 @@ bool fold_requantized_reshapes(torch::jit::Block* block) {
     auto p1 = output_params(codes->node());
     auto t1 = codes->type()->cast<TensorType>();
     auto t2 = q2->output()->type()->cast<TensorType>();
-    if (!p1 || p1->scale != p2->scale || p1->zero_point != p2->zero_point || p2->scale < 1e-30 || !t1 || !t2 ||
-        !t1->scalarType() || t1->scalarType() != t2->scalarType())
+    if (!t1 || !t2 || !t1->scalarType() || !c10::isQIntType(*t1->scalarType()) || !t2->scalarType()) continue;
+    bool same_grid = p1 && p1->scale == p2->scale && p1->zero_point == p2->zero_point && p2->scale >= 1e-30 &&
+                     t1->scalarType() == t2->scalarType();
+    if (!same_grid && !(runtime::own_kernels_enabled() && (*t1->scalarType() == at::kQUInt8 || *t1->scalarType() == at::kQInt8)))
       continue;
     reshape->replaceInput(0, codes);
-    reshape->output()->setType(q2->output()->type());
-    q2->output()->replaceAllUsesWith(reshape->output());
-    q2->destroy();  // the dequantize goes with dead code elimination if nothing else reads it
+    reshape->output()->setType(t2->withScalarType(t1->scalarType()));
+    if (same_grid) {
+      q2->output()->replaceAllUsesWith(reshape->output());
+      q2->destroy();  // the dequantize goes with dead code elimination if nothing else reads it
+    } else {
+      // The parameters as numbers (FX's reference flow passes them as tensors).
+      torch::jit::WithInsertPoint at(q2);
+      Graph* g = block->owningGraph();
+      replace_with(q2, kRequantize, {reshape->output(), g->insertConstant(p2->scale), g->insertConstant(p2->zero_point), q2->input(3)});
+    }
     folded_any = true;
   }
   return folded_any;
