@@ -9,8 +9,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <torch/csrc/jit/runtime/custom_operator.h>
 
+#include "jit/codegen/onednn/kernels/quantizing_op.h"
 #include "jit/codegen/onednn/runtime/inplace.h"
 
 namespace llga {
@@ -58,18 +58,7 @@ at::Tensor quantized(const at::Tensor& x, double scale, int64_t zero_point, c10:
   return out;
 }
 
-torch::jit::RegisterOperators registered({
-    torch::jit::Operator(
-        "llga::quantize_per_tensor(Tensor x, float scale, int zero_point, ScalarType dtype) -> Tensor",
-        [](torch::jit::Stack& stack) {
-          auto dtype = static_cast<c10::ScalarType>(torch::jit::pop(stack).toInt());
-          int64_t zero_point = torch::jit::pop(stack).toInt();
-          double scale = torch::jit::pop(stack).toDouble();
-          at::Tensor x = torch::jit::pop(stack).toTensor();
-          torch::jit::push(stack, quantized(x, scale, zero_point, dtype));
-        },
-        c10::AliasAnalysisKind::FROM_SCHEMA),
-});
+torch::jit::RegisterOperators registered({quantizing_operator<quantized>("quantize_per_tensor")});
 
 }  // namespace
 

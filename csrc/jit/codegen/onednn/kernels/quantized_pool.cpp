@@ -6,11 +6,11 @@
 
 #include <ATen/ATen.h>
 #include <immintrin.h>
-#include <torch/csrc/jit/runtime/custom_operator.h>
 
 #include <cstdint>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "jit/codegen/onednn/kernels/quantizing_op.h"
 #include "jit/codegen/onednn/runtime/inplace.h"
 
 namespace llga {
@@ -65,18 +65,7 @@ at::Tensor pooled(const at::Tensor& x, double scale, int64_t zero_point, c10::Sc
   return out;
 }
 
-torch::jit::RegisterOperators registered({
-    torch::jit::Operator(
-        "llga::quantized_global_avg_pool(Tensor x, float scale, int zero_point, ScalarType dtype) -> Tensor",
-        [](torch::jit::Stack& stack) {
-          auto dtype = static_cast<c10::ScalarType>(torch::jit::pop(stack).toInt());
-          int64_t zero_point = torch::jit::pop(stack).toInt();
-          double scale = torch::jit::pop(stack).toDouble();
-          at::Tensor x = torch::jit::pop(stack).toTensor();
-          torch::jit::push(stack, pooled(x, scale, zero_point, dtype));
-        },
-        c10::AliasAnalysisKind::FROM_SCHEMA),
-});
+torch::jit::RegisterOperators registered({quantizing_operator<pooled>("quantized_global_avg_pool")});
 
 }  // namespace
 

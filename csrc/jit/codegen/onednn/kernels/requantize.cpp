@@ -5,7 +5,6 @@
 #include "jit/codegen/onednn/kernels/requantize.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/jit/runtime/custom_operator.h>
 
 #include <algorithm>
 #include <array>
@@ -13,6 +12,7 @@
 #include <cstdint>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
+#include "jit/codegen/onednn/kernels/quantizing_op.h"
 #include "jit/codegen/onednn/runtime/inplace.h"
 
 namespace llga {
@@ -46,18 +46,7 @@ at::Tensor requantized(const at::Tensor& x, double scale, int64_t zero_point, c1
   return out;
 }
 
-torch::jit::RegisterOperators registered({
-    torch::jit::Operator(
-        "llga::requantize(Tensor x, float scale, int zero_point, ScalarType dtype) -> Tensor",
-        [](torch::jit::Stack& stack) {
-          auto dtype = static_cast<c10::ScalarType>(torch::jit::pop(stack).toInt());
-          int64_t zero_point = torch::jit::pop(stack).toInt();
-          double scale = torch::jit::pop(stack).toDouble();
-          at::Tensor x = torch::jit::pop(stack).toTensor();
-          torch::jit::push(stack, requantized(x, scale, zero_point, dtype));
-        },
-        c10::AliasAnalysisKind::FROM_SCHEMA),
-});
+torch::jit::RegisterOperators registered({quantizing_operator<requantized>("requantize")});
 
 }  // namespace
 
