@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -38,13 +39,17 @@ class StateSnapshot {
     PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
     for (const Entry& e : entries_) {
       if (e.position >= size || items[e.position] != e.object.ptr()) return false;
-      const char* impl = reinterpret_cast<const char*>(e.impl);
-      for (size_t line = 0; line < sizeof(c10::TensorImpl); line += 64) __builtin_prefetch(impl + line);
+      __builtin_prefetch(e.object.ptr());
+      const auto first = reinterpret_cast<uintptr_t>(e.impl) & ~uintptr_t(63);
+      for (uintptr_t line = first; line < reinterpret_cast<uintptr_t>(e.impl) + sizeof(c10::TensorImpl); line += 64)
+        __builtin_prefetch(reinterpret_cast<const void*>(line));
       __builtin_prefetch(e.counter);
     }
     for (const Entry& e : entries_) {
-      if (counter_of(e.impl) != e.counter || e.impl->version_counter().current_version() != e.version ||
-          data_of(e.impl) != e.data)
+      // The same impl under the object (torch.utils.swap_tensors gives it another; only then is
+      // e.impl read, which the object keeps alive), its version counter, version and memory.
+      if (THPVariable_Unpack(e.object.ptr()).unsafeGetTensorImpl() != e.impl || counter_of(e.impl) != e.counter ||
+          e.impl->version_counter().current_version() != e.version || data_of(e.impl) != e.data)
         return false;
     }
     return true;
@@ -61,7 +66,9 @@ class StateSnapshot {
   // views), for its prefetch and to tell another counter.
   static const void* counter_of(const c10::TensorImpl* impl) {
     static_assert(sizeof(c10::VariableVersion) == sizeof(void*), "a VariableVersion is one intrusive_ptr");
-    return *reinterpret_cast<const void* const*>(&impl->version_counter());
+    const void* counter;
+    std::memcpy(&counter, &impl->version_counter(), sizeof(counter));
+    return counter;
   }
 
   struct Entry {

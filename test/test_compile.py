@@ -209,6 +209,18 @@ def test_a_changed_weight_compiles_again(door, change):
     assert not torch.allclose(out, first) and delta["executions"] == 3
 
 
+def test_the_state_check_sees_another_tensor_swapped_into_a_weight():
+    # torch.utils.swap_tensors keeps the Python object and puts another tensor in it (a model's
+    # weights reached through Dynamo or export carry weakrefs, which it refuses: the check itself).
+    weight, other = torch.randn(4, 4), torch.randn(4, 4, dtype=torch.float64)
+    snapshot = torch_llga._C.StateSnapshot([weight], [0])
+    assert snapshot.holds([weight])
+    torch.utils.swap_tensors(weight, other)
+    assert not snapshot.holds([weight])
+    del other  # the recorded tensor freed: never read
+    assert not snapshot.holds([weight])
+
+
 @pytest.fixture
 def python_path(monkeypatch):
     """The calls that took the doors' Python path (_FxScripts.__call__), not _C.ScriptDoor."""

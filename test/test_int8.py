@@ -128,6 +128,43 @@ def test_small_cnn_int8_patterns():
     assert fused.graph.findAllNodes("quantized::add_relu", True)
 
 
+class FlattenRequantized(nn.Module):
+    def forward(self, x):
+        return torch.quantize_per_tensor(torch.flatten(x.dequantize(), 1), 0.05, 3, torch.quint8).dequantize()
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+def test_a_reshape_between_grids_requantizes_per_tensor_codes_only(per_channel):
+    # Per-tensor codes of a known grid: the flatten reads them and llga::requantize moves them to the
+    # quantize's grid, PyTorch's codes. Per-channel codes (a type does not tell them apart) keep
+    # PyTorch's dequantize: their flatten would keep the channel axis and its scales.
+    x = torch.randn(2, 3, 4)
+    if per_channel:
+        codes = torch.quantize_per_channel(x, torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0, 1, 2]), 1, torch.quint8)
+        model = FlattenRequantized()
+    else:
+        codes = x
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return FlattenRequantized()(torch.quantize_per_tensor(x, 0.03, 7, torch.quint8))
+        model = Model()
+    fused = check(model, codes, groups=[], rtol=0, atol=0)
+    assert len(fused.graph.findAllNodes("llga::requantize", True)) == (0 if per_channel else 1)
+
+
+def test_requantized_codes_keep_their_known_top():
+    # Codes below 128 let an int8 conv or linear run without VNNI (prepare_quantization.cpp): a clamp
+    # at 1 quantized at 0.03 + 7 gives codes up to 40, which requantized at 0.05 + 3 stay up to 23.
+    class Model(nn.Module):
+        def forward(self, x):
+            return FlattenRequantized()(torch.quantize_per_tensor(torch.clamp(x, 0, 1), 0.03, 7, torch.quint8))
+    fused = check(Model(), torch.randn(2, 3, 4), groups=[], rtol=0, atol=0)
+    (requantize,) = fused.graph.findAllNodes("llga::requantize", True)
+    dequantize = requantize.output().uses()[0].user
+    assert dequantize.kind() == "aten::dequantize" and dequantize.i("llga_max_code") == 23
+
+
 @requires_int8_kernels
 def test_default_keeps_every_requantization():
     # The conv's output is requantized before the residual add, as in the reference; the add (no int8

@@ -186,7 +186,9 @@ bool fold_requantized_reshapes(torch::jit::Block* block) {
     if (!t1 || !t2 || !t1->scalarType() || !c10::isQIntType(*t1->scalarType()) || !t2->scalarType()) continue;
     bool same_grid = p1 && p1->scale == p2->scale && p1->zero_point == p2->zero_point && p2->scale >= 1e-30 &&
                      t1->scalarType() == t2->scalarType();
-    if (!same_grid && !(runtime::own_kernels_enabled() && (*t1->scalarType() == at::kQUInt8 || *t1->scalarType() == at::kQInt8)))
+    // Requantized only from codes of a known per-tensor grid (the type cannot tell a per-channel
+    // tensor, whose reshape PyTorch's dequantize would refuse).
+    if (!same_grid && !(p1 && runtime::own_kernels_enabled() && (*t1->scalarType() == at::kQUInt8 || *t1->scalarType() == at::kQInt8)))
       continue;
     reshape->replaceInput(0, codes);
     reshape->output()->setType(t2->withScalarType(t1->scalarType()));
@@ -229,14 +231,22 @@ std::optional<float> highest_value(const Value* v) {
   return std::max(*top, 0.0f);
 }
 
-// The largest u8 code quantize node q can give, where its input's highest value is known below code
-// 255 (PT2E's reduce_range arrives as a clamp at code 127 and a quantize: torch_llga/_pt2e.py; a
-// pool of codes below 128 keeps them there). Rounded up at halves, with a margin: an upper bound
-// whichever way oneDNN or PyTorch rounds.
+// The largest u8 code quantize node q (or an llga::requantize) can give, where its input's highest
+// value is known below code 255 (PT2E's reduce_range arrives as a clamp at code 127 and a quantize:
+// torch_llga/_pt2e.py; a pool of codes below 128 keeps them there). Rounded up at halves, with a
+// margin: an upper bound whichever way oneDNN or PyTorch rounds.
 std::optional<int64_t> largest_u8_code(const Node* q, const QuantParams& p) {
-  if (q->kind() != c10::aten::quantize_per_tensor || q->output()->type()->expect<TensorType>()->scalarType() != c10::kQUInt8)
-    return std::nullopt;
-  auto top = highest_value(q->input(0));
+  if (q->output()->type()->expect<TensorType>()->scalarType() != c10::kQUInt8) return std::nullopt;
+  std::optional<float> top;
+  if (q->kind() == c10::aten::quantize_per_tensor) {
+    top = highest_value(q->input(0));
+  } else if (q->kind() == kRequantize) {  // its codes' largest, dequantized (through the reshapes)
+    const Node* codes = q->input(0)->node();
+    while (is_quantized_reshape(codes)) codes = codes->input(0)->node();
+    auto from = output_params(codes);
+    auto code = from ? largest_u8_code(codes, *from) : std::nullopt;
+    if (code) top = static_cast<float>(static_cast<double>(*code - from->zero_point) * static_cast<float>(from->scale));
+  }
   if (!top) return std::nullopt;
   float steps = *top * (1.0f / static_cast<float>(p.scale));
   if (!(steps + static_cast<float>(p.zero_point) < 254.0f)) return std::nullopt;  // also NaN
