@@ -525,7 +525,9 @@ def test_own_quantized_pool_gives_pytorchs_codes(dtype, zero_point):
     expected = pytorch_pool(x, 0.0231, zero_point + 1, dtype)
     assert own.shape == (2, 37, 1, 1) and own.dtype == dtype and own.q_scale() == 0.0231
     difference = (own.int_repr().int() - expected.int_repr().int()).abs()
-    assert difference.max() <= 1 and (difference == 0).float().mean() > 0.9, difference.flatten()
+    steps = F.adaptive_avg_pool2d(x.dequantize().double(), 1) / 0.0231  # the mean in output steps, exact enough
+    at_a_tie = ((steps - steps.floor()) - 0.5).abs() < 1e-4
+    assert difference.max() <= 1 and not difference[~at_a_tie].any(), difference.flatten()
     # Saturated: means beyond the output grid clamp as PyTorch's quantize does.
     assert torch.equal(torch.ops.llga.quantized_global_avg_pool(x, 1e-4, 0, dtype).int_repr(),
                        pytorch_pool(x, 1e-4, 0, dtype).int_repr())
