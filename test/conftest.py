@@ -30,6 +30,8 @@ AVX2 = "avx2" in open("/proc/cpuinfo").read() and " fma" in open("/proc/cpuinfo"
 # Its bf16 attention kernel (head64_bf16.cpp) needs AVX512_BF16, and is not used beside AMX.
 BF16_ATTENTION_KERNEL = all(f in open("/proc/cpuinfo").read() for f in (" avx512_bf16", " avx512bw", " avx512vl")) and \
     " amx_bf16" not in open("/proc/cpuinfo").read()
+# Its int8 pool kernels (quantized_pool.cpp) need AVX-512 F, BW and VL.
+OWN_QUANTIZED_POOL = all(f in open("/proc/cpuinfo").read() for f in (" avx512f", " avx512bw", " avx512vl"))
 
 
 @pytest.fixture(autouse=True)

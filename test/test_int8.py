@@ -26,7 +26,7 @@ from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObser
 from torch.ao.quantization.quantize_fx import convert_to_reference_fx, prepare_fx
 
 import torch_llga
-from conftest import AVX2, CPU, Fused, check, requires_int8_kernels, SOME
+from conftest import AVX2, CPU, OWN_QUANTIZED_POOL, Fused, check, requires_int8_kernels, SOME
 
 # torch.ao.quantization and quantized tensors are deprecated in torch 2.14 (with warnings); they work.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -389,7 +389,9 @@ def test_resnet18_int8(exact, monkeypatch):
     assert ops["add"] == (0 if exact == "1" else 8)  # fast: every residual add joined its conv
     for g in fused.groups:  # every group is an int8 kernel: int8 in, int8 out
         assert "dequantize" in g and "quantize_per_tensor" in g, g
-    assert "linear" in ops and "max_pool2d" in ops
+    # The stem's max pool: a group, or (AVX-512) the own kernel of the codes' maxima.
+    assert "linear" in ops and ("max_pool2d" in ops) != OWN_QUANTIZED_POOL
+    assert len(fused.graph.findAllNodes("llga::quantized_max_pool2d", True)) == OWN_QUANTIZED_POOL
 
 
 @requires_int8_kernels

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import torch_llga
 from torch_llga.report import own_kernels
-from conftest import AVX2, AVX512_KERNELS, CPU, requires_int8_kernels
+from conftest import AVX2, AVX512_KERNELS, CPU, OWN_QUANTIZED_POOL, requires_int8_kernels
 from resnet import resnet18
 
 pytest.importorskip("torchao")
@@ -255,7 +255,9 @@ def test_pt2e_reduce_range_runs_int8_kernels_on_every_cpu():
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
     groups = groups_of(graph)
-    assert ["dequantize", "max_pool2d", "quantize_per_tensor"] in groups
+    # The stem's max pool: a group, or (AVX-512) the own kernel of the codes' maxima.
+    assert (["dequantize", "max_pool2d", "quantize_per_tensor"] in groups) != OWN_QUANTIZED_POOL
+    assert len(graph.findAllNodes("llga::quantized_max_pool2d", True)) == OWN_QUANTIZED_POOL
     assert sum(g.count("_convolution") for g in groups) == 20
     assert int8_row_linear_group() in groups  # the head: int8 in, fp32 logits out
     int8_groups = [g for g in groups if g.count("dequantize") >= 2 and "quantize_per_tensor" in g]
@@ -505,9 +507,6 @@ def test_own_quantize_gives_pytorchs_codes(dtype, zero_point):
     assert torch.equal(own.int_repr(), expected.int_repr())
 
 
-OWN_QUANTIZED_POOL = all(f in open("/proc/cpuinfo").read() for f in (" avx512f", " avx512bw", " avx512vl"))
-
-
 def pytorch_pool(x, scale, zero_point, dtype):
     return torch.quantize_per_tensor(F.adaptive_avg_pool2d(x.dequantize(), 1), scale, zero_point, dtype)
 
@@ -535,6 +534,34 @@ def test_own_quantized_pool_gives_pytorchs_codes(dtype, zero_point):
     nchw = x.contiguous()
     assert torch.equal(torch.ops.llga.quantized_global_avg_pool(nchw, 0.0231, 7, dtype).int_repr(),
                        pytorch_pool(nchw, 0.0231, 7, dtype).int_repr())
+
+
+@pytest.mark.skipif(not OWN_QUANTIZED_POOL, reason="the own int8 pool kernels need AVX-512 (F, BW, VL)")
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8])
+@pytest.mark.parametrize("pool", [((3, 3), (2, 2), (1, 1)), ((2, 2), (), (0, 0)), ((3, 2), (1, 2), (1, 0))],
+                         ids=["resnet_stem", "default_stride", "uneven"])
+def test_own_quantized_max_pool_gives_pytorchs_codes(dtype, pool):
+    # Bit for bit: on the input's grid the maximum of the codes is the code of the maximum. 100
+    # channels leave a partial register; odd sizes, two images, windows clipped by the padding.
+    kernel, stride, padding = pool
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 256, (2, 100, 13, 10), generator=g, dtype=torch.uint8)
+    x = torch._make_per_tensor_quantized_tensor(codes if dtype == torch.quint8 else (codes.int() - 128).to(torch.int8),
+                                                0.05, 3).contiguous(memory_format=torch.channels_last)
+
+    def both(x, *args):
+        own = torch.ops.llga.quantized_max_pool2d(x, kernel, stride, padding, *args)
+        expected = torch.quantize_per_tensor(F.max_pool2d(x.dequantize(), kernel, stride, padding, *args[:2]), *args[2:])
+        assert own.shape == expected.shape and own.dtype == expected.dtype and own.q_scale() == expected.q_scale()
+        assert torch.equal(own.int_repr(), expected.int_repr())
+        return own
+
+    assert both(x, [1, 1], False, 0.05, 3, dtype).is_contiguous(memory_format=torch.channels_last)
+    # What the kernel does not take runs PyTorch's ops: another grid, ceil mode, dilation, NCHW codes.
+    both(x, [1, 1], False, 0.04, 3, dtype)
+    both(x, [1, 1], True, 0.05, 3, dtype)
+    both(x, [2, 1], False, 0.05, 3, dtype)
+    both(x.contiguous(), [1, 1], False, 0.05, 3, dtype)
 
 
 @pytest.mark.parametrize("to", [(0.00349, 0, torch.quint8), (0.1, -3, torch.qint8), (1.7, 250, torch.quint8)])

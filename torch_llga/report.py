@@ -31,6 +31,7 @@ OWN_KERNELS = {
     "llga::quantize_per_tensor": "fp32 -> int8 quantize left to PyTorch, 16K+ values, PyTorch's codes",
     "llga::layer_norm": "layer norm whose output a quantize reads (oneDNN's with the quantize fused is its reference kernel)",
     "llga::quantized_global_avg_pool": "int8 global average pool (a CNN's before its classifier)",
+    "llga::quantized_max_pool2d": "int8 max pool on its input's grid (a ResNet's stem), PyTorch's codes",
     "llga::requantize": "int8 codes to another scale (PT2E's flatten between two grids), PyTorch's codes",
 }
 
