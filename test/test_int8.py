@@ -219,6 +219,56 @@ def test_relu6_joins_its_conv():
     assert sorted(fused.unfused) == ["dequantize", "quantize_per_tensor"], fused.unfused
 
 
+class ConvClipOnGrid(nn.Module):
+    """conv -> hardtanh(lo, hi) -> quantize on a grid of (scale, zero_point), as a reference model."""
+
+    def __init__(self, lo, hi, scale, zero_point):
+        super().__init__()
+        self.conv, self.lo, self.hi, self.grid = nn.Conv2d(8, 16, 3, padding=1), lo, hi, (scale, zero_point)
+
+    def forward(self, x):
+        x = torch.quantize_per_tensor(x, 0.05, 128, torch.quint8).dequantize()
+        w = torch.quantize_per_channel(self.conv.weight, self.conv.weight.abs().amax((1, 2, 3)) / 127,
+                                       torch.zeros(16, dtype=torch.long), 0, torch.qint8).dequantize()
+        y = F.hardtanh(F.conv2d(x, w, self.conv.bias, padding=1), self.lo, self.hi)
+        return torch.quantize_per_tensor(y, *self.grid, torch.quint8).dequantize()
+
+
+# (lo, hi, scale, zero point): the grid of [0, 6] and a narrower one make ReLU6's clip anyway; a
+# wider grid needs its top, one below zero its bottom.
+CLIP_GRIDS = {"grid_0_6": (0., 6., 6 / 255, 0), "narrower": (0., 6., 3 / 255, 0),
+              "wider": (0., 6., 12 / 255, 0), "below_zero": (0., 6., 7 / 255, 36)}
+
+
+@requires_int8_kernels
+@pytest.mark.parametrize("case", CLIP_GRIDS)
+def test_a_clip_the_grid_makes_leaves_the_kernel(case):
+    # The int8 kernel drops a trailing clip where the output's codes saturate at or inside its
+    # bounds; elsewhere it keeps it (without it, codes beyond the bounds would be tens of steps off).
+    lo, hi, scale, zero_point = CLIP_GRIDS[case]
+    torch.manual_seed(0)
+    # Conv outputs well beyond both bounds; channels-last, the layout the int8 primitives read.
+    x = (torch.randn(1, 8, 12, 12) * 3).contiguous(memory_format=torch.channels_last)
+    model = ConvClipOnGrid(lo, hi, scale, zero_point)
+    fused = check(model, x, groups=SOME, rtol=0, atol=scale * 1.0001)
+    assert sorted_groups(fused) == [["_convolution", "dequantize", "dequantize", "hardtanh", "quantize_per_tensor"]]
+    code = f"""
+import sys, torch, torch_llga
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_int8 import ConvClipOnGrid
+torch_llga.enable()
+with torch.no_grad():
+    x = torch.randn(1, 8, 12, 12).contiguous(memory_format=torch.channels_last)
+    m = torch.jit.freeze(torch.jit.trace(ConvClipOnGrid{CLIP_GRIDS[case]!r}.eval(), x))
+    for _ in range(3):
+        m(x)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ONEDNN_VERBOSE": "1"}, capture_output=True,
+                         text=True, check=True).stdout
+    convs = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,cpu,convolution,")]
+    assert convs and all(("eltwise_clip" in line) == (case in ("wider", "below_zero")) for line in convs), convs
+
+
 @requires_int8_kernels
 def test_mlp_int8():
     x = torch.randn(4, 64)
