@@ -111,21 +111,21 @@ def test_small_cnn_int8_patterns():
     x = torch.randn(2, 3, 16, 16)
     ref = quantized(SmallCNN(), x)
     fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
-    # conv+bn(folded)+relu; conv (its residual add reads the conv's own input, y: an int8 sum
-    # post-op oneDNN 3.12 cannot compile, so the conv is requantized and the add is PyTorch's int8
-    # add_relu); pool; linear
+    # conv+bn(folded) (its ReLU goes: the grid after it starts at 0, PrepareQuantization); conv (its
+    # residual add reads the conv's own input, y: an int8 sum post-op oneDNN 3.12 cannot compile, so
+    # the conv is requantized and the add is PyTorch's int8 add); pool; linear
     assert sorted_groups(fused) == [
-        ["_convolution", "dequantize", "dequantize", "quantize_per_tensor", "relu"],
+        ["_convolution", "dequantize", "dequantize", "quantize_per_tensor"],
         ["_convolution", "dequantize", "dequantize", "quantize_per_tensor"],
         ["dequantize", "max_pool2d", "quantize_per_tensor"],
         ["dequantize", "dequantize", "linear", "quantize_per_tensor"],
     ], fused.graph
     # Left to PyTorch: the input's quantize, the flatten between pool and linear (of the pool's
     # codes: llga::requantize takes them to the linear's grid), the output's dequantize; and the
-    # residual add + relu as one quantized::add_relu.
+    # residual add as one quantized::add (its ReLU gone as the first conv's).
     assert sorted(fused.unfused) == ["dequantize", "flatten", "quantize_per_tensor"]
     assert len(fused.graph.findAllNodes("llga::requantize", True)) == 1
-    assert fused.graph.findAllNodes("quantized::add_relu", True)
+    assert fused.graph.findAllNodes("quantized::add", True)
 
 
 class FlattenRequantized(nn.Module):
@@ -168,14 +168,15 @@ def test_requantized_codes_keep_their_known_top():
 @requires_int8_kernels
 def test_default_keeps_every_requantization():
     # The conv's output is requantized before the residual add, as in the reference; the add (no int8
-    # add partition in oneDNN, 3.12 included) is PyTorch's int8 add_relu, one pass instead of
-    # dequantize, dequantize, add, relu, quantize. Measured here: 0 steps off.
+    # add partition in oneDNN, 3.12 included) is PyTorch's int8 add, one pass instead of dequantize,
+    # dequantize, add, quantize. The ReLUs go: their grids start at 0 (PrepareQuantization). Measured
+    # here: 0 steps off.
     x = torch.randn(2, 3, 16, 16)
     ref = quantized(Residual(), x)
     fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
-    conv_relu = ["_convolution", "dequantize", "dequantize", "quantize_per_tensor", "relu"]
-    assert sorted_groups(fused) == [conv_relu, conv_relu, ["_convolution", "dequantize", "dequantize", "quantize_per_tensor"]]
-    assert "add" not in fused.unfused and len(fused.graph.findAllNodes("quantized::add_relu", True)) == 1
+    conv = ["_convolution", "dequantize", "dequantize", "quantize_per_tensor"]
+    assert sorted_groups(fused) == [conv, conv, conv]
+    assert "add" not in fused.unfused and len(fused.graph.findAllNodes("quantized::add", True)) == 1
 
 
 @requires_int8_kernels
@@ -186,10 +187,9 @@ def test_fast_mode_adds_residuals_as_post_ops(monkeypatch):
     x = torch.randn(2, 3, 16, 16)
     ref = quantized(Residual(), x)
     fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
-    conv_relu = ["_convolution", "dequantize", "dequantize", "quantize_per_tensor", "relu"]
-    assert sorted_groups(fused) == [conv_relu, conv_relu,
-                                    ["_convolution", "add", "dequantize", "dequantize", "dequantize", "quantize_per_tensor", "relu"]]
-    assert not fused.graph.findAllNodes("quantized::add_relu", True)
+    conv = ["_convolution", "dequantize", "dequantize", "quantize_per_tensor"]
+    assert sorted_groups(fused) == [conv, conv, ["_convolution", "add", "dequantize", "dequantize", "dequantize", "quantize_per_tensor"]]
+    assert not fused.graph.findAllNodes("quantized::add", True)
 
 
 class InvertedResidual(nn.Module):
@@ -242,16 +242,17 @@ CLIP_GRIDS = {"grid_0_6": (0., 6., 6 / 255, 0), "narrower": (0., 6., 3 / 255, 0)
 
 @requires_int8_kernels
 @pytest.mark.parametrize("case", CLIP_GRIDS)
-def test_a_clip_the_grid_makes_leaves_the_kernel(case):
-    # The int8 kernel drops a trailing clip where the output's codes saturate at or inside its
-    # bounds; elsewhere it keeps it (without it, codes beyond the bounds would be tens of steps off).
+def test_a_clip_the_grid_makes_goes(case):
+    # A clip goes where the output's codes saturate at or inside its bounds (PrepareQuantization);
+    # elsewhere the int8 kernel runs it (without it, codes beyond the bounds would be tens of steps off).
     lo, hi, scale, zero_point = CLIP_GRIDS[case]
     torch.manual_seed(0)
     # Conv outputs well beyond both bounds; channels-last, the layout the int8 primitives read.
     x = (torch.randn(1, 8, 12, 12) * 3).contiguous(memory_format=torch.channels_last)
     model = ConvClipOnGrid(lo, hi, scale, zero_point)
     fused = check(model, x, groups=SOME, rtol=0, atol=scale * 1.0001)
-    assert sorted_groups(fused) == [["_convolution", "dequantize", "dequantize", "hardtanh", "quantize_per_tensor"]]
+    kept = case in ("wider", "below_zero")
+    assert sorted_groups(fused) == [["_convolution", "dequantize", "dequantize", *(["hardtanh"] if kept else []), "quantize_per_tensor"]]
     code = f"""
 import sys, torch, torch_llga
 sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -266,7 +267,7 @@ with torch.no_grad():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ONEDNN_VERBOSE": "1"}, capture_output=True,
                          text=True, check=True).stdout
     convs = [line for line in out.splitlines() if line.startswith("onednn_verbose,v1,primitive,exec,cpu,convolution,")]
-    assert convs and all(("eltwise_clip" in line) == (case in ("wider", "below_zero")) for line in convs), convs
+    assert convs and all(("eltwise_clip" in line) == kept for line in convs), convs
 
 
 @requires_int8_kernels
@@ -274,8 +275,8 @@ def test_mlp_int8():
     x = torch.randn(4, 64)
     ref = quantized(mlp(), x)
     fused = check(ref, x, **within_steps(ref, 1), groups=SOME)
-    assert sorted_groups(fused) == [["dequantize", "dequantize", "linear", "quantize_per_tensor", "relu"]] * 2 + [
-        ["dequantize", "dequantize", "linear", "quantize_per_tensor"]]
+    # The ReLUs go: the grids after them start at 0 (PrepareQuantization).
+    assert sorted_groups(fused) == [["dequantize", "dequantize", "linear", "quantize_per_tensor"]] * 3
 
 
 def per_tensor_mlp():
@@ -425,7 +426,7 @@ def test_resnet18_int8(exact, monkeypatch):
         # The default. Measured over 10 seeds: 0 steps off the reference in 9, 2 in one (where
         # PyTorch's own int8 kernels were 2 off too).
         fused = check(ref, x, rtol=0, atol=2 * output_step(ref) * 1.0001, groups=SOME)
-        assert len(fused.graph.findAllNodes("quantized::add_relu", True)) == 8  # every residual add, one pass
+        assert len(fused.graph.findAllNodes("quantized::add", True)) == 8  # every residual add, one pass
     else:
         # Up to 3 steps off the reference (measured over 10 seeds: 2-3, mean 0.5-0.65 steps): the
         # conv's output is not requantized before its residual add, so the rounding differs from

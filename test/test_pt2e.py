@@ -161,7 +161,8 @@ def test_pt2e_quantized_image_goes_to_onednn_channels_last():
     # interleaved to NHWC by torch_llga before that conv's partition reads it, as an fp32 image is
     # (image_to_channels_last): oneDNN's own reorder took 30 us for MobileNetV2's 1x3x224x224 codes.
     graph = fused_pt2e(image_classifier(), torch.randn(1, 3, 64, 64))
-    assert ["_convolution", "dequantize", "dequantize", "quantize_per_tensor", "relu"] in groups_of(graph), groups_of(graph)
+    # (its ReLU gone: the grid after it starts at 0, PrepareQuantization)
+    assert ["_convolution", "dequantize", "dequantize", "quantize_per_tensor"] in groups_of(graph), groups_of(graph)
     code = f"""
 import sys, torch
 sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -651,9 +652,11 @@ def test_pt2e_encoder_quantizes_left_to_pytorch_run_the_own_kernel():
 
 class ConvForms(nn.Module):
     """int8 conv groups of each form runtime/int8_primitive.h runs as one oneDNN primitive: with a bias
-    and without, strided, dilated, depthwise and grouped; then relu, relu6, a residual add, a
+    and without, strided, dilated, depthwise and grouped; then relu, a clamp, a residual add, a
     residual add and relu (MobileNetV2's hardtanh: test_models.py's int8 MobileNetV2). The last
-    conv's output is fp32 (no quantize after it): a partition."""
+    conv's output is fp32 (no quantize after it): a partition. The clamp starts above the grid's
+    bottom (an observer's range holds 0), so the int8 kernel runs it; the ReLUs go before grids
+    starting at 0 (PrepareQuantization)."""
 
     def __init__(self):
         super().__init__()
@@ -666,7 +669,7 @@ class ConvForms(nn.Module):
 
     def forward(self, x):
         s = F.relu(self.stem(x))
-        p = self.pointwise(F.relu6(self.depthwise(s))) + s
+        p = self.pointwise(F.hardtanh(self.depthwise(s), 0.5, 6.0)) + s
         g = F.relu(self.grouped(p) + s)
         return self.head(self.down(g).mean((2, 3)))
 
@@ -696,9 +699,8 @@ def test_int8_conv_groups_run_as_onednn_primitives(monkeypatch):
     primitives = torch_llga.compile(torch.export.export(reference, (x,)))
     out, graph = warm(primitives, x)
     convs = [g for g in groups_of(graph) if "_convolution" in g]
-    assert len(convs) == 5 and ["_convolution", "add", "dequantize", "dequantize", "dequantize", "quantize_per_tensor",
-                                "relu"] in convs, convs
-    assert ["_convolution", "dequantize", "dequantize", "quantize_per_tensor", "relu6"] in convs, convs
+    assert len(convs) == 5 and ["_convolution", "add", "dequantize", "dequantize", "dequantize", "quantize_per_tensor"] in convs, convs
+    assert ["_convolution", "dequantize", "dequantize", "hardtanh", "quantize_per_tensor"] in convs, convs
     assert torch_llga.stats()["int8_primitives"] - before == 5  # and the head's linear
     with torch.no_grad():
         torch.testing.assert_close(out, reference(x), **last_linear_tolerance(reference, 2))
@@ -751,7 +753,7 @@ def test_int8_linear_groups_run_as_onednn_primitives(monkeypatch):
     linears = [g for g in groups_of(graph) if "linear" in g]
     assert ["add", "dequantize", "dequantize", "linear"] in linears, linears
     assert ["dequantize", "dequantize", "gelu", "linear", "quantize_per_tensor"] in linears, linears
-    assert ["dequantize", "dequantize", "linear", "quantize_per_tensor", "relu"] in linears, linears
+    assert ["dequantize", "dequantize", "linear", "quantize_per_tensor"] in linears, linears  # its ReLU gone: a grid from 0
     assert torch_llga.stats()["int8_primitives"] - before == len(linears) == 4
     with torch.no_grad():
         expected = reference(x)

@@ -258,19 +258,6 @@ struct Int8Primitive::Impl {
   void* dst_handle = nullptr;        // buffers back call after call, and re-pointing has a cost
 };
 
-// A clip that ends the post-ops is redundant where the output's grid saturates at or inside its
-// bounds: the quantization is monotone, so every value beyond a bound gets the code the bound gets,
-// the grid's end (ReLU6 before a grid of [0, 6]: the quantizer's observer saw the ReLU6's output).
-static bool clip_saturated_by_grid(const Int8Spec& s, const Int8Spec::PostOp& op) {
-  if (op.kind != Int8Spec::PostOp::kClip || !s.quantized_output()) return false;
-  const double qmin = s.dst_dtype == c10::kQUInt8 ? 0 : -128, qmax = s.dst_dtype == c10::kQUInt8 ? 255 : 127;
-  // The bound's code before rounding, beyond the grid's end by more than float error could move it.
-  auto code = [&](float v) { return static_cast<double>(v) / s.dst_scale + s.dst_zero_point; };
-  bool low = std::isinf(op.lo) ? op.lo < 0 : code(op.lo) <= qmin + 0.25;
-  bool high = std::isinf(op.hi) ? op.hi > 0 : code(op.hi) >= qmax - 0.25;
-  return low && high;
-}
-
 std::unique_ptr<Int8Primitive> Int8Primitive::create(const Int8Spec& s, const at::Tensor& src, const at::Tensor* residual,
                                                      c10::IntArrayRef dst_sizes, std::string* why) {
   *why = unreadable(s, src, residual, dst_sizes);
@@ -296,11 +283,7 @@ std::unique_ptr<Int8Primitive> Int8Primitive::create(const Int8Spec& s, const at
     if (s.quantized_output() && s.dst_zero_point != 0) attr.set_zero_points_mask(DNNL_ARG_DST, 0);
     dnnl::post_ops ops;
     using P = Int8Spec::PostOp;
-    // A trailing clip the output's grid makes anyway costs the kernel's epilogue (MobileNetV2's
-    // ReLU6s before grids of [0, 6]: the model 8% faster on AVX-512).
-    std::vector<P> post_ops = s.post_ops;
-    while (!post_ops.empty() && clip_saturated_by_grid(s, post_ops.back())) post_ops.pop_back();
-    for (const auto& op : post_ops) {
+    for (const auto& op : s.post_ops) {
       if (op.kind == P::kSum && s.residual_fp32)
         ops.append_sum(1.f);
       else if (op.kind == P::kSum)
