@@ -77,6 +77,14 @@ void elide_requantization(torch::jit::Block* block) {
   }
 }
 
+// The table's Clamp or ReLU (hardtanh, relu6, clamp, relu) quantize q reads, if nothing else reads it.
+Node* clamp_read_only_by(const Node* q) {
+  Node* n = q->input(0)->node();
+  const OpEntry* e = find_entry(n);
+  bool clamp = e && (e->kind == op::kind::Clamp || e->kind == op::kind::ReLU);
+  return clamp && n->output()->uses().size() == 1 ? n : nullptr;
+}
+
 // quantize(clamp(dequantize(quantize(x, s, z)), lo, hi), s, z) -> quantize(clamp(x, lo, hi), s, z):
 // an activation FX observes apart from its conv (MobileNetV2's ReLU6: hardtanh) is requantized to
 // the same parameters on both sides. Quantizing is monotone, so with the same grid both forms give
@@ -88,11 +96,8 @@ bool fold_requantized_clamps(torch::jit::Block* block) {
   for (Node* q2 : block->nodes()) {
     for (auto* b : q2->blocks()) folded_any |= fold_requantized_clamps(b);
     auto p2 = quantize_params(q2);
-    Node* clamp = p2 ? q2->input(0)->node() : nullptr;
-    const OpEntry* e = clamp ? find_entry(clamp) : nullptr;  // the table's Clamp and ReLU: hardtanh, relu6, clamp, relu
-    if (!e || (e->kind != op::kind::Clamp && e->kind != op::kind::ReLU) || clamp->output()->uses().size() != 1 ||
-        !is_dequantize(clamp->input(0)))
-      continue;
+    Node* clamp = p2 ? clamp_read_only_by(q2) : nullptr;
+    if (!clamp || !is_dequantize(clamp->input(0))) continue;
     Node* q1 = clamp->input(0)->node()->input(0)->node();
     auto p1 = quantize_params(q1);
     auto dtype = [](const Node* q) { return q->output()->type()->expect<TensorType>()->scalarType(); };
@@ -116,10 +121,9 @@ bool drop_clamps_the_grid_makes(torch::jit::Block* block) {
   for (Node* q : block->nodes()) {
     for (auto* b : q->blocks()) dropped_any |= drop_clamps_the_grid_makes(b);
     auto p = quantize_params(q);
-    Node* clamp = p ? q->input(0)->node() : nullptr;
-    auto spec = clamp ? map_node(clamp) : std::nullopt;  // the table's Clamp and ReLU: hardtanh, relu6, clamp, relu
-    if (!spec || (spec->kind != op::kind::Clamp && spec->kind != op::kind::ReLU) || clamp->output()->uses().size() != 1)
-      continue;
+    Node* clamp = p ? clamp_read_only_by(q) : nullptr;
+    auto spec = clamp ? map_node(clamp) : std::nullopt;  // its bounds, as the table reads them
+    if (!spec) continue;
     auto dtype = q->output()->type()->expect<TensorType>()->scalarType();
     if (dtype != c10::kQUInt8 && dtype != c10::kQInt8) continue;
     constexpr float inf = std::numeric_limits<float>::infinity();
