@@ -192,6 +192,28 @@ def test_fast_mode_adds_residuals_as_post_ops(monkeypatch):
     assert not fused.graph.findAllNodes("quantized::add", True)
 
 
+class AddReluOnGrid(nn.Module):
+    """relu(dequantize(a) + dequantize(b)) quantized to 0.05 and zero_point."""
+
+    def __init__(self, zero_point):
+        super().__init__()
+        self.zero_point = zero_point
+
+    def forward(self, a, b):
+        return torch.quantize_per_tensor(F.relu(a.dequantize() + b.dequantize()), 0.05, self.zero_point, torch.quint8)
+
+
+@pytest.mark.parametrize("zero_point", [0, 10])
+def test_an_int8_add_keeps_its_relu_where_the_grid_needs_it(zero_point):
+    # One int8 add in PyTorch either way: quantized::add where the grid's zero point clamps at 0
+    # already (the ReLU goes), quantized::add_relu where the grid reaches below 0 (codes under 10).
+    a, b = (torch.quantize_per_tensor(torch.randn(1, 8, 6, 6) * 2, 0.04, 128, torch.quint8) for _ in range(2))
+    fused = check(AddReluOnGrid(zero_point), a, b, groups=[], rtol=0, atol=0)
+    assert len(fused.graph.findAllNodes("quantized::add_relu" if zero_point else "quantized::add", True)) == 1
+    assert not fused.graph.findAllNodes("quantized::add" if zero_point else "quantized::add_relu", True)
+    assert fused(a, b).int_repr().min() == zero_point  # negative sums reach the ReLU's 0
+
+
 class InvertedResidual(nn.Module):
     """MobileNetV2's block: 1x1 expand + BN + ReLU6, 3x3 depthwise + BN + ReLU6, 1x1 project + BN."""
 
