@@ -1,6 +1,7 @@
 // The Python module torch_llga._C. Loading it registers the pass pipeline and the operators
 // (static registrations in pipeline.cpp and kernel.cpp); these functions only flip the switch.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 
@@ -12,6 +13,7 @@
 #include "jit/codegen/onednn/mapping/op_table.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/settings/choices.h"
 #include "build_info.h"
 #include "onednn/buffer_pool.h"
 #include "onednn/torch_onednn.h"
@@ -71,20 +73,104 @@ PYBIND11_MODULE(_C, m) {
     d["slow_partitions"] = s.slow_partitions.load();
     d["to_dense_compilations"] = s.to_dense_compilations.load();
     d["constant_cache_flushes"] = s.constant_cache_flushes.load();
+    d["measured_choices"] = llga::choices::measured_count();
     return d;
   });
+  // Choices between ways to run the same ops (settings/choices.h): the sites, pins, and records.
+  m.def("_choice_sites", [] {
+    pybind11::list rows;
+    for (const auto& s : llga::choices::sites()) {
+      pybind11::dict d;
+      d["site"] = s.name;
+      d["candidates"] = s.candidates;
+      d["default"] = s.candidates.front();
+      d["margin"] = s.margin;
+      d["margin_us"] = s.margin_ns / 1e3;
+      d["what"] = s.what;
+      rows.append(d);
+    }
+    return rows;
+  });
+  m.def("_set_choice_pins", [](const std::string& spec) {
+    try {
+      llga::choices::set_pins(spec);
+    } catch (const std::invalid_argument& e) {
+      throw pybind11::value_error(e.what());
+    }
+  });
+  m.def("_choice_pins", &llga::choices::pins);
+  m.def("_choices", [] {
+    pybind11::list rows;
+    for (const auto& r : llga::choices::records()) {
+      pybind11::dict d;
+      d["site"] = r.site;
+      d["subject"] = r.subject;
+      d["key"] = r.key;
+      d["chosen"] = r.chosen;
+      d["how"] = r.how;
+      pybind11::dict times;
+      for (const auto& [name, us] : r.best_us) times[pybind11::str(name)] = us;
+      d["best_us"] = times;
+      d["group_id"] = r.group_id;
+      d["seq"] = r.seq;
+      rows.append(d);
+    }
+    return rows;
+  });
   // Each pass alone, for IR-in / IR-out tests (test_passes.py): the graph is changed in place.
-  using Pass = void (*)(std::shared_ptr<torch::jit::Graph>&);
-  for (auto [name, pass] : {std::pair<const char*, Pass>{"_jit_pass_remove_mutation", llga::RemoveMutation},
-                            {"_jit_pass_decompose_ops", llga::DecomposeOps},
-                            {"_jit_pass_prepare_binary", llga::PrepareBinary},
-                            {"_jit_pass_prepare_quantization", llga::PrepareQuantization},
-                            {"_jit_pass_defer_size_check", llga::DeferSizeCheck},
-                            {"_jit_pass_plan_small_graph", llga::PlanSmallGraph},
-                            {"_jit_pass_fuse_graph", llga::FuseGraph},
-                            {"_jit_pass_propagate_layout", llga::PropagateLayout},
-                            {"_jit_pass_insert_guards", llga::InsertGuards}})
-    m.def(name, [pass](std::shared_ptr<torch::jit::Graph> g) { pass(g); });
+  // The pipeline's passes by name, and each own-kernel rewrite as _jit_pass_own_<row>.
+  for (const llga::PassEntry& pass : llga::pipeline())
+    m.def((std::string("_jit_pass_") + pass.name).c_str(), [run = pass.run](std::shared_ptr<torch::jit::Graph> g) { run(g); });
+  for (const llga::OwnKernelRow& row : llga::own_kernel_table())
+    if (row.apply)
+      m.def((std::string("_jit_pass_own_") + row.name).c_str(), [run = row.apply](std::shared_ptr<torch::jit::Graph> g) { run(g); });
+  m.def("_passes", [] {
+    pybind11::list rows;
+    for (const llga::PassEntry& pass : llga::pipeline()) {
+      pybind11::dict d;
+      d["name"] = pass.name;
+      d["what"] = pass.what;
+      d["required"] = pass.required;
+      rows.append(d);
+    }
+    return rows;
+  });
+  m.def("_own_kernel_table", [] {
+    static const char* phases[] = {"early", "before_fuser", "after_guards", "inside_pass"};
+    pybind11::list rows;
+    for (const llga::OwnKernelRow& row : llga::own_kernel_table()) {
+      pybind11::dict d;
+      d["name"] = row.name;
+      d["kernel"] = row.kernel;
+      d["takes"] = row.takes;
+      d["dtypes"] = row.dtypes;
+      d["cpu"] = row.cpu;
+      d["choice"] = row.choice;
+      d["phase"] = phases[static_cast<int>(row.phase)];
+      rows.append(d);
+    }
+    return rows;
+  });
+  // Passes and own-kernel rows switched off by name (TORCH_LLGA_PASSES_OFF), checked here.
+  m.def("_set_passes_off", [](const std::vector<std::string>& names) {
+    for (const auto& name : names) {
+      bool known = false;
+      std::string switchable;
+      for (const llga::PassEntry& pass : llga::pipeline()) {
+        if (!pass.required) switchable += std::string(switchable.empty() ? "" : ", ") + pass.name;
+        if (name == pass.name && pass.required)
+          throw pybind11::value_error("pass '" + name + "' cannot be switched off: without it results would be wrong");
+        known = known || name == pass.name;
+      }
+      for (const llga::OwnKernelRow& row : llga::own_kernel_table()) {
+        switchable += std::string(", ") + row.name;
+        known = known || name == row.name;
+      }
+      if (!known) throw pybind11::value_error("no pass or own kernel '" + name + "'; known: " + switchable);
+    }
+    llga::runtime::set_switched_off(names);
+  });
+  m.def("_passes_off", &llga::runtime::switched_off_names);
   // The op table, for tests that walk it: per entry its schema, whether it maps to oneDNN, its
   // flags by name and its small-graph plan step (0: none).
   m.def("_op_table", [] {

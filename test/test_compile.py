@@ -553,8 +553,7 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(cache):
 
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-    CPU["bf16"], reason="oneDNN has bf16 kernels on this CPU: its one-row bf16 matmuls are faster"))], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decoding_steps_stream_their_weights_through_the_row_kernel(dtype):
     # Weights of 64K+ values (hidden 256): a decoding step's linears are llga::row_linear (the
     # output and down projections, the LM head: it reads a slice of the last norm) or, after the

@@ -397,7 +397,7 @@ class QuantizedHead(nn.Module):
 
 
 def test_int8_head_called_with_another_rank():
-    # Without VNNI the head's 4 rows run as a 1x1 conv (Int8RowLinears), its reshapes outside the
+    # Without VNNI the head's 4 rows run as a 1x1 conv (Int8LinearsAsConvolutions), its reshapes outside the
     # group's guard: a call with 2 x 3 rows gets linear's [2, 3, 64], the reference's values.
     model = QuantizedHead().eval()
     fused = Fused(model, (torch.randn(4, 256),))

@@ -2,10 +2,13 @@
 FileCheck: what the pass must do to a small graph with profiled types, as the pipeline sees it."""
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.testing import FileCheck
 
 import torch_llga  # noqa: F401  (registers the passes and operators)
 from torch_llga import _C
+from conftest import AVX2
 
 F32 = "Float(2, 8, strides=[8, 1], requires_grad=0, device=cpu)"
 
@@ -138,3 +141,166 @@ def test_insert_guards():
     g = run("fuse_graph", MLP, "insert_guards")
     FileCheck().check("llga::Guard").check("prim::If").check("llga::FusionGroup").check("prim::FallbackGraph").run(g)
     assert len(g.findAllNodes("llga::Guard")) == 2  # one per group
+
+
+def traced_graph(model, *inputs):
+    """A traced graph with the weights as constants and every value typed with its traced sizes
+    (as the pipeline sees a frozen, profiled graph)."""
+    model = model.eval().requires_grad_(False)
+    with torch.no_grad():
+        g = torch.jit.trace(lambda *xs: model(*xs), inputs).graph
+    # As the executor hands graphs over: constants folded, chunk + ListUnpack as prim::ConstantChunk.
+    torch._C._jit_pass_constant_propagation(g)
+    torch._C._jit_pass_canonicalize_graph_fuser_ops(g)
+    return g
+
+
+def kinds(g):
+    return [n.kind() for n in g.nodes() if n.kind() not in ("prim::Constant", "prim::ListConstruct", "prim::GetAttr")]
+
+
+def test_every_pass_has_an_ir_entry_and_a_switch():
+    names = [p["name"] for p in torch_llga.passes()]
+    assert names[0] == "remove_mutation" and names[-1] == "own_kernels_after_guards" and len(set(names)) == len(names)
+    for name in names:
+        assert callable(getattr(_C, f"_jit_pass_{name}")), name
+    # Each pass has an IR-in/IR-out test in this file.
+    source = open(__file__).read()
+    assert [n for n in names if f'"{n}"' not in source and f"_jit_pass_{n}(" not in source] == []
+    required = [p["name"] for p in torch_llga.passes() if p["required"]]
+    assert required == ["remove_mutation", "prepare_binary", "prepare_quantization", "insert_guards"]
+    with pytest.raises(ValueError, match="cannot be switched off"):
+        torch_llga.set_passes_off("insert_guards")
+    with pytest.raises(ValueError, match="no pass or own kernel 'row_linears'; known: .*row_linear"):
+        torch_llga.set_passes_off(["row_linears"])
+    assert _C._passes_off() == []
+
+
+def test_a_switched_off_pass_or_own_kernel_does_not_run():
+    model = nn.Sequential(nn.Linear(300, 1100), nn.ReLU(), nn.Linear(1100, 600))
+    x = torch.randn(1, 300)
+    try:
+        for off, own in [((), 2), ("row_linear", 0), ("own_kernels_before_fuser", 0)]:
+            torch_llga.set_passes_off(off)
+            with torch.no_grad(), torch_llga.enabled():
+                m = torch.jit.freeze(torch.jit.trace(model.eval(), x))
+                m(x)
+                y = m(x)
+                graph = str(torch.jit.last_executed_optimized_graph())
+            assert graph.count("llga::row_linear(") == (own if AVX2 else 0), (off, graph)
+            torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-5)
+        torch_llga.set_passes_off("fuse_graph")
+        with torch.no_grad(), torch_llga.enabled():
+            m = torch.jit.freeze(torch.jit.trace(model.eval(), torch.randn(8, 300)))
+            m(torch.randn(8, 300))
+            m(torch.randn(8, 300))
+            assert "llga::FusionGroup" not in str(torch.jit.last_executed_optimized_graph())
+    finally:
+        torch_llga.set_passes_off(())
+
+
+def test_own_kernel_table():
+    rows = torch_llga.own_kernel_table()
+    names = [r["name"] for r in rows]
+    assert len(set(names)) == len(names) and {"row_linear", "widened_linear", "decode_attention"} <= set(names)
+    sites = {s["site"] for s in torch_llga.choice_sites()}
+    assert all(r["choice"] in sites for r in rows if r["choice"]), rows
+    assert {r["phase"] for r in rows} == {"early", "before_fuser", "after_guards", "inside_pass"}
+    for r in rows:
+        if r["phase"] != "inside_pass":
+            assert callable(getattr(_C, f"_jit_pass_own_{r['name']}")), r
+
+
+def test_compose_rms_norm():
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.rand(64))
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    g = traced_graph(Llama(), torch.randn(2, 64))
+    _C._jit_pass_compose_rms_norm(g)
+    torch._C._jit_pass_dce(g)
+    assert kinds(g) == ["aten::rms_norm"], g
+
+
+def test_split_chunked_linears():
+    class Geglu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(32, 128)
+
+        def forward(self, x):
+            h, gate = self.proj(x).chunk(2, -1)
+            return h * F.gelu(gate)
+
+    g = traced_graph(Geglu(), torch.randn(4, 32))
+    _C._jit_pass_split_chunked_linears(g)
+    torch._C._jit_pass_dce(g)
+    assert kinds(g).count("aten::linear") == 2 and "aten::chunk" not in kinds(g), g
+
+
+def test_merge_parallel_linears():
+    class Qkv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Linear(64, 64, bias=False) for _ in range(3))
+
+        def forward(self, x):
+            return self.q(x) * self.k(x) + self.v(x)
+
+    g = traced_graph(Qkv(), torch.randn(4, 64))
+    _C._jit_pass_merge_parallel_linears(g)
+    torch._C._jit_pass_dce(g)
+    assert kinds(g).count("aten::linear") == 1 and kinds(g).count("aten::slice") == 3, g
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's own kernels need AVX2 and FMA")
+def test_own_kernels_before_fuser():
+    # A linear of one row over 330K weights: llga::row_linear; of 8 rows: left for the fuser.
+    model = nn.Sequential(nn.Linear(300, 1100), nn.ReLU())
+    g = traced_graph(model, torch.randn(1, 300))
+    _C._jit_pass_own_kernels_before_fuser(g)
+    assert kinds(g) == ["llga::row_linear", "aten::relu"], g
+    g = traced_graph(model, torch.randn(8, 300))
+    _C._jit_pass_own_kernels_before_fuser(g)
+    assert kinds(g) == ["aten::linear", "aten::relu"], g
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's own kernels need AVX2 and FMA")
+def test_own_kernels_early():
+    # A decoder's step: one query over a cache of 64-wide heads -> llga::decode_attention.
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    g = torch.jit.trace(attend, (torch.randn(1, 4, 1, 64), torch.randn(1, 4, 32, 64), torch.randn(1, 4, 32, 64))).graph
+    _C._jit_pass_own_kernels_early(g)
+    torch._C._jit_pass_dce(g)
+    assert kinds(g) == ["llga::decode_attention"], g
+
+
+@pytest.mark.skipif(" avx512f" not in open("/proc/cpuinfo").read(), reason="torch_llga's quantize kernel needs AVX-512")
+def test_own_kernels_after_guards():
+    # PyTorch's quantize of an fp32 tensor of 16K+ values -> llga::quantize_per_tensor.
+    def quantize(x):
+        return torch.quantize_per_tensor(x, 0.1, 3, torch.quint8)
+
+    g = torch.jit.trace(quantize, torch.randn(1, 16, 32, 32)).graph
+    _C._jit_pass_own_kernels_after_guards(g)
+    torch._C._jit_pass_dce(g)
+    assert kinds(g) == ["llga::quantize_per_tensor"], g
+
+
+def test_in_place_activations():
+    # A GELU left to PyTorch that alone reads a group's fresh output: gelu_ on it.
+    g = run("fuse_graph", MLP, "insert_guards")
+    out = next(g.outputs())
+    gelu = g.create("aten::gelu", [out, g.insertConstant("none")])
+    g.appendNode(gelu)
+    gelu.output().setType(out.type())
+    g.eraseOutput(0)
+    g.registerOutput(gelu.output())
+    _C._jit_pass_in_place_activations(g)
+    FileCheck().check("llga::FusionGroup").check("aten::gelu_").check_not("aten::gelu(").run(g)

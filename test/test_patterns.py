@@ -880,12 +880,11 @@ BF16_TOLERANCE = dict(rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
-@pytest.mark.skipif(CPU["bf16"], reason="oneDNN has bf16 kernels on this CPU: its one-row bf16 matmuls are faster")
 @pytest.mark.parametrize("rows", [1, 4])
 def test_bf16_linears_of_a_few_rows_are_the_row_kernel_reading_bf16_weights(rows):
-    # A bf16 model's decoding step on a CPU without oneDNN bf16 kernels: the row kernel reads the
-    # bf16 weights as they are (half the bytes), sums in fp32 and rounds once; more rows at run
-    # time: an ordinary linear. (test_small_plan.py: with bf16 kernels such linears go to oneDNN.)
+    # A bf16 model's decoding step: the row kernel reads the bf16 weights as they are (half the
+    # bytes), sums in fp32 and rounds once (or PyTorch's linear does, where the measured choice
+    # finds it faster: the same sums); more rows at run time: an ordinary linear.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(300, 1100), nn.ReLU(), nn.Linear(1100, 600, bias=False)).eval().bfloat16()
     x = torch.randn(1, rows, 300).bfloat16()
@@ -967,7 +966,6 @@ def test_rms_norm_read_only_by_a_row_linear_is_its_prologue():
 
 
 @pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
-@pytest.mark.skipif(CPU["bf16"], reason="oneDNN has bf16 kernels on this CPU: its one-row bf16 matmuls are faster")
 def test_bf16_rms_norm_read_only_by_a_row_linear_is_its_prologue():
     # Llama's RMSNorm in a bf16 model (normalized in fp32, rounded, times the bf16 weight): the
     # prologue rounds where it does, so the linear reads eager's normalized row.

@@ -72,7 +72,7 @@ def groups_of(graph):
 
 
 def int8_row_linear_group():
-    """The group of an int8 linear of a few rows, fp32 out: without VNNI a 1x1 conv (Int8RowLinears)."""
+    """The group of an int8 linear of a few rows, fp32 out: without VNNI a 1x1 conv (Int8LinearsAsConvolutions)."""
     return ["dequantize", "dequantize", "linear"] if torch_llga.config()["int8_vnni"] else ["conv2d", "dequantize", "dequantize"]
 
 
@@ -433,7 +433,7 @@ def test_pt2e_reduce_range_clamp_of_merged_heads_runs_in_place():
 @pytest.mark.parametrize("rows,then", [(4, None), (32, None), (4, nn.ReLU())])
 def test_pt2e_int8_linear_of_few_rows(rows, then):
     # Without VNNI oneDNN's int8 matmul of a few rows copies its weight on every call: up to 16 rows
-    # run as a 1x1 conv instead (Int8RowLinears), unless ops after it would be its post-ops (the
+    # run as a 1x1 conv instead (Int8LinearsAsConvolutions), unless ops after it would be its post-ops (the
     # ReLU). The same integer sums: equal to the reference.
     x = torch.randn(rows, 256)
     layers = [nn.ReLU(), nn.Linear(256, 64)] + ([then] if then else [])

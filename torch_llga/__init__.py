@@ -20,8 +20,16 @@ from . import _C  # noqa: E402
 from . import dynamo  # noqa: E402
 from .dynamo import compile  # noqa: E402,A001  (torch_llga.compile(exported_program))
 
+try:  # TORCH_LLGA_PASSES_OFF's names, checked once (the library reads them without a word)
+    _C._set_passes_off(_C._passes_off())
+except ValueError as e:
+    import warnings
+
+    warnings.warn(f"TORCH_LLGA_PASSES_OFF: {e}", stacklevel=2)
+
 __all__ = ["enable", "disable", "is_enabled", "enabled", "stats", "onednn_version", "config", "set_shape_policy", "shape_policy",
-           "set_cache_capacity", "cache_capacity", "set_buffer_pool_limit", "buffer_pool_limit", "release", "explain", "compile"]
+           "set_cache_capacity", "cache_capacity", "set_buffer_pool_limit", "buffer_pool_limit", "release", "explain", "compile",
+           "choices", "choice_sites", "pin_choices", "choice_pins", "passes", "own_kernel_table", "set_passes_off"]
 
 
 def enable():
@@ -141,14 +149,18 @@ def explain(module, *inputs, verbose=True):
             if not isinstance(module, torch.nn.Module):
                 raise TypeError(f"explain() takes an nn.Module or a TorchScript module, not {type(module).__name__}")
             module = torch.jit.freeze(torch.jit.trace(module.eval(), inputs))
+        first = max((c["seq"] for c in _C._choices()), default=0)
         module(*inputs)  # profiling run
         module(*inputs)  # optimized (fused) run
+        for _ in range(4):  # the measured choices: the groups' timed calls
+            module(*inputs)
         before = stats()
         module(*inputs)
         after = stats()
         graph = torch.jit.last_executed_optimized_graph()
     report = Explanation(graph, after["guard_failures"] - before["guard_failures"],
-                         after["nonfinite_fallbacks"] - before["nonfinite_fallbacks"])
+                         after["nonfinite_fallbacks"] - before["nonfinite_fallbacks"],
+                         [c for c in _C._choices() if c["seq"] > first])
     if verbose:
         print(report)
     return report
@@ -164,12 +176,13 @@ def stats():
     per group the first time a call brings it other input sizes);
     guard_failures: calls that ran a group unfused because its inputs differed from what it was
     built for (sizes, dtype, device, grad) or held NaN/Inf (also counted in nonfinite_fallbacks);
-    kernel_fallbacks: calls run unfused because oneDNN could not compile the partition, ran it far
+    kernel_fallbacks: calls run unfused because oneDNN could not compile the partition, ran it
     slower than PyTorch runs its ops (slow_partitions), or (a shape-free group at new sizes) an op
     of the group stays out of oneDNN at those sizes;
-    slow_partitions: compiled partitions that run unfused because oneDNN's kernel for them was over
-    5x (plus 25 ms) slower than PyTorch's ops (a reference kernel), timed on their 2nd and 3rd
-    executions;
+    slow_partitions: compiled partitions that run unfused because PyTorch ran their ops faster
+    (measured choice "fusion_group": timed on their 2nd to 4th executions, kept unless PyTorch's
+    ops take under 1/1.5 of the partition's time less 50 us; a reference kernel, say);
+    measured_choices: choices made by timing the candidates (choices() lists them);
     inplace_outputs: outputs computed in the memory of an input nothing else held (a conv or linear
     with a residual add accumulates into the added tensor instead of copying it first);
     evictions: compiled partitions dropped from a full cache; cached_partitions: compiled partitions
@@ -187,6 +200,61 @@ def stats():
     return {**_C._stats(), "compile_scripts": dynamo.traced_scripts}
 
 
+def choice_sites():
+    """Where torch_llga chooses between ways to run the same ops by timing them on this machine:
+    per site its candidates (the first the default, kept unless another is faster by the margin)."""
+    return _C._choice_sites()
+
+
+def choices():
+    """Every choice made so far (the last 10,000): site, subject (the group or op), key (the sizes
+    and dtypes it was made for), chosen candidate, how ("measured" or "pinned") and each timed
+    candidate's best time in microseconds. A fused group is timed against its ops run by PyTorch
+    on its 3rd to 5th calls (one extra run when the partition is clearly faster); an own kernel
+    against PyTorch's op on its first call at new sizes."""
+    return _C._choices()
+
+
+def pin_choices(pins=None, **by_site):
+    """Pin choices instead of measuring them, for reproducible kernels (and tests):
+    pin_choices(row_linear="pytorch", fusion_group="onednn"), pin_choices("*=default") (every site
+    its default), pin_choices(None) to measure again. Also TORCH_LLGA_CHOICES="site=candidate,...".
+    Applies to choices made from now on; choice_sites() lists the sites and candidates."""
+    if pins is not None and by_site:
+        raise TypeError("pin_choices takes a spec string or keyword pins, not both")
+    spec = pins if pins is not None else ",".join(f"{k}={v}" for k, v in by_site.items())
+    if not isinstance(spec, str):
+        raise TypeError(f"pin_choices takes a 'site=candidate,...' string or keywords, not {type(spec).__name__}")
+    _C._set_choice_pins(spec)
+
+
+def choice_pins():
+    """The pins in force, as "site=candidate,..." ("" when every choice is measured)."""
+    return _C._choice_pins()
+
+
+def passes():
+    """The pipeline's passes in order: name, what it does, and whether it is required (the others
+    can be switched off by name, for A/B comparisons: set_passes_off, TORCH_LLGA_PASSES_OFF)."""
+    return _C._passes()
+
+
+def own_kernel_table():
+    """torch_llga's own kernels: per row its name (the switch), the op it puts in the graph, what it
+    takes, dtypes, CPU features, the choice site that times it against PyTorch's op ("" for a
+    rule) and the pipeline phase that applies it."""
+    return _C._own_kernel_table()
+
+
+def set_passes_off(names=()):
+    """Switch passes or own-kernel rows off by name for graphs optimized from now on (names from
+    passes() and own_kernel_table(); passes required for correct results cannot be); () turns every
+    one on again. Also TORCH_LLGA_PASSES_OFF="name,..." at start-up."""
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    _C._set_passes_off(list(names))
+
+
 def onednn_version():
     """The version of the oneDNN in use: the one inside PyTorch's libtorch_cpu.so."""
     return _C._onednn_version()
@@ -202,4 +270,5 @@ def config():
     return {"torch": torch.__version__, "onednn": onednn_version(), "onednn_library": _C._onednn_library(),
             "cpu_isa": cpu["isa"], "int8_vnni": cpu["int8_vnni"], "bf16_kernels": cpu["bf16"],
             "constant_cache": _C._constant_cache_enabled(), "small_plans": _C._small_plans(),
-            "buffer_pool_limit": buffer_pool_limit(), "threads": torch.get_num_threads()}
+            "buffer_pool_limit": buffer_pool_limit(), "threads": torch.get_num_threads(),
+            "choice_pins": choice_pins(), "passes_off": _C._passes_off()}

@@ -42,7 +42,9 @@ int8 run also lists each backend's drift from the fp32 model; --drift-inputs 100
     python -m torch_llga.bench --dtype int8 --backends torchscript_fp32,fx_x86,torch_llga,pt2e_inductor,pt2e_llga
 
 torch_llga_no_plans: torch_llga with small-graph plans off (oneDNN groups only), to see what the
-plans change in the same run.
+plans change in the same run; torch_llga_no_own: its own kernels off (TORCH_LLGA_OWN_KERNELS=0:
+oneDNN and PyTorch only); torch_llga_pinned: every measured choice pinned to its default
+(pin_choices("*=default"): no timing), to see what measuring changes.
 """
 import argparse
 import contextlib
@@ -66,12 +68,13 @@ from torch_llga.bench_models import MODELS, PACKAGE
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
             "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "pt2e_llga_export", "openvino",
-            "onnxruntime", "openvino_nncf", "onnxruntime_int8", "zentorch", "torch_llga_no_plans"]
+            "onnxruntime", "openvino_nncf", "onnxruntime_int8", "zentorch", "torch_llga_no_plans",
+            "torch_llga_no_own", "torch_llga_pinned"]
 INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "pt2e_llga_export",
              "openvino_nncf", "onnxruntime_int8"}
 PT2E = {"pt2e_inductor", "pt2e_llga", "pt2e_llga_export"}  # run the PT2E-quantized model (torchao), not FX's
 OWN_INT8 = {"torchscript_fp32", "openvino_nncf", "onnxruntime_int8"}  # take the fp32 model (and quantize it themselves)
-NOT_DEFAULT = INT8_ONLY | {"torch_llga_no_plans"}  # asked for by name
+NOT_DEFAULT = INT8_ONLY | {"torch_llga_no_plans", "torch_llga_no_own", "torch_llga_pinned"}  # asked for by name
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 # Untimed calls before each sample, for this long: ONNX Runtime's worker threads spin 40-75 ms after
 # its last call (measured here), on a core the backend timed next needs (2x slower ResNet-18 calls).
@@ -130,6 +133,10 @@ class Backend:
             return torch_llga.enabled()
         if self.name == "torch_llga_no_plans":
             return without_small_plans()
+        if self.name == "torch_llga_no_own":
+            return llga_variant(env={"TORCH_LLGA_OWN_KERNELS": "0"})
+        if self.name == "torch_llga_pinned":
+            return llga_variant(pins="*=default")
         if self.name == "builtin_onednn":
             return BuiltinFuser()
         return torch_llga.enabled(False)
@@ -158,6 +165,27 @@ def without_small_plans():
             yield
     finally:
         torch_llga._C._set_small_plans(previous)
+
+
+@contextlib.contextmanager
+def llga_variant(env=None, pins=None):
+    """torch_llga on with environment variables set (read when a graph is optimized) or choices
+    pinned (read when a choice is made), restored on exit."""
+    previous_env = {k: os.environ.get(k) for k in env or {}}
+    previous_pins = torch_llga.choice_pins()
+    os.environ.update(env or {})
+    if pins is not None:
+        torch_llga.pin_choices(pins)
+    try:
+        with torch_llga.enabled():
+            yield
+    finally:
+        for k, v in previous_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        torch_llga.pin_choices(previous_pins)
 
 
 @contextlib.contextmanager
@@ -501,7 +529,8 @@ def ratio_columns(backends):
     cols = [("TS", "torchscript"), ("built-in", "builtin_onednn"), ("fx x86", "fx_x86"), ("TS fp32", "torchscript_fp32"),
             ("PT2E Inductor", "pt2e_inductor"), ("OpenVINO", "openvino"), ("ORT", "onnxruntime"),
             ("OpenVINO NNCF", "openvino_nncf"), ("ORT int8", "onnxruntime_int8"), ("zentorch", "zentorch"),
-            ("no plans", "torch_llga_no_plans")]
+            ("no plans", "torch_llga_no_plans"), ("no own kernels", "torch_llga_no_own"),
+            ("choices pinned", "torch_llga_pinned")]
     return [(h, b) for h, b in cols if b in backends]
 
 

@@ -19,21 +19,14 @@ def small_plans(graph):
             for node in graph.findAllNodes("llga::SmallPlan", True)]
 
 
-# Ops torch_llga runs with a kernel of its own (csrc/jit/codegen/onednn/kernels/), where oneDNN's is
-# slower: what each is for.
-OWN_KERNELS = {
-    "llga::small_head_attention": "attention of 8- or 16-wide heads over 512+ keys",
-    "llga::head64_attention": "attention of 64-wide heads, 96+ queries over 128+ keys",
-    "llga::row_linear": "linear of 1-4 rows over a large weight (a decoder's step)",
-    "llga::rms_norm_row_linear": "RMSNorm and the linear of 1-4 rows that alone reads it",
-    "llga::decode_attention": "attention of a decoder's 1-8 queries over its KV cache, grouped heads read in place",
-    "llga::widened_linear": "bf16 linear as fp32 GEMMs on the weight widened block by block (no oneDNN bf16 kernels here)",
-    "llga::quantize_per_tensor": "fp32 -> int8 quantize left to PyTorch, 16K+ values, PyTorch's codes",
-    "llga::layer_norm": "layer norm whose output a quantize reads (oneDNN's with the quantize fused is its reference kernel)",
-    "llga::quantized_global_avg_pool": "int8 global average pool (a CNN's before its classifier)",
-    "llga::quantized_max_pool2d": "int8 max pool on its input's grid (a ResNet's stem), PyTorch's codes",
-    "llga::requantize": "int8 codes to another scale (PT2E's flatten between two grids), PyTorch's codes",
-}
+def _own_kernel_ops():
+    """Ops torch_llga runs with a kernel of its own (its own-kernel table): what each is for."""
+    from . import _C
+
+    return {row["kernel"]: row["takes"] for row in _C._own_kernel_table() if row["kernel"].startswith("llga::")}
+
+
+OWN_KERNELS = _own_kernel_ops()
 
 
 def own_kernels(graph):
@@ -67,20 +60,32 @@ def _type_text(value):
     return f"{str(dtype).replace('torch.', '')}{list(sizes) if sizes is not None else ''}"
 
 
+def _choice_text(c):
+    times = ", ".join(f"{name} {us:.0f} us" for name, us in c["best_us"].items())
+    return f"{c['how']}: {times}" if times else c["how"]
+
+
 class Explanation:
     """What torch_llga did with a module: its partitions, every op left to PyTorch with the reason,
     guard fallbacks on the given inputs, and the share of ops that run fused."""
 
-    def __init__(self, graph, guard_fallbacks, nonfinite_fallbacks):
+    def __init__(self, graph, guard_fallbacks, nonfinite_fallbacks, choices=()):
         self.groups = []      # [{"ops": [...], "inputs": ["float32[1, 3, 224, 224]", ...]}]
         self.unfused = []     # [(op, reason)]
         self.plans = small_plans(graph)  # [[op, ...]]: graphs run whole as one small-graph plan
         self.own_kernels = own_kernels(graph)  # ["llga::small_head_attention", ...]
+        by_group = collections.defaultdict(list)
+        for c in choices:
+            by_group[c["group_id"]].append(c)
         for node in graph.findAllNodes("llga::FusionGroup", True):
             sub = node.g("Subgraph")
             ops = [n.kind().replace("aten::", "") for n in sub.nodes()
                    if n.kind() not in ("prim::Constant", "prim::ListConstruct")]
-            self.groups.append({"ops": ops, "inputs": [_type_text(v) for v in sub.inputs()]})
+            gid = node.i("group_id") if node.hasAttribute("group_id") else -1
+            self.groups.append({"ops": ops, "inputs": [_type_text(v) for v in sub.inputs()],
+                                "choices": by_group.pop(gid, []) if gid >= 0 else []})
+        # The choices made while explain ran the module: the groups' (above) and the own kernels'.
+        self.choices = list(choices)
         self._collect_unfused(graph.block())
         self.guard_fallbacks = guard_fallbacks
         self.nonfinite_fallbacks = nonfinite_fallbacks
@@ -116,6 +121,13 @@ class Explanation:
             counts = collections.Counter(g["ops"])
             summary = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.items())
             lines.append(f"  partition {i}: {len(g['ops'])} ops [{summary}]  inputs: {', '.join(g['inputs'])}")
+            for c in g["choices"]:
+                lines.append(f"    runs by {c['chosen']} ({_choice_text(c)})")
+        own = [c for c in self.choices if c["site"] != "fusion_group"]
+        if own:
+            lines.append("own kernels' choices:")
+            for c in own:
+                lines.append(f"  {c['subject']} at {c['key']}: {c['chosen']} ({_choice_text(c)})")
         if self.unfused:
             lines.append("left to PyTorch:")
             for (op, reason), n in collections.Counter(self.unfused).items():

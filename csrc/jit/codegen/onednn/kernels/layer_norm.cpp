@@ -4,6 +4,7 @@
 // PyTorch's and oneDNN's kernels compute the same quantities in other orders: outputs agree to
 // float rounding (test_pt2e.py checks 1e-5 against eager's).
 #include "jit/codegen/onednn/kernels/layer_norm.h"
+#include "jit/codegen/onednn/settings/choices.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -75,6 +76,9 @@ const float* data_or_null(const std::optional<at::Tensor>& p) {
   return p && p->defined() ? p->const_data_ptr<float>() : nullptr;
 }
 
+at::Tensor normalized_rows(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                           double eps);
+
 at::Tensor normalized(const at::Tensor& input, c10::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
                       const std::optional<at::Tensor>& bias, double eps) {
   const at::Tensor x = llga_to_dense(input);
@@ -83,6 +87,18 @@ at::Tensor normalized(const at::Tensor& input, c10::IntArrayRef normalized_shape
       !x.is_contiguous() || x.requires_grad() || normalized_shape.size() != 1 || normalized_shape[0] != n || n == 0 ||
       !parameter_fits(weight, n) || !parameter_fits(bias, n))
     return at::layer_norm(x, normalized_shape, weight, bias, eps);  // and its own errors
+  // The kernel, or PyTorch's (choice site layer_norm).
+  static choices::Chooser<at::Tensor> chooser("layer_norm");
+  const choices::Key key{choices::bucket(x.numel() / n), n, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
+  auto describe = [&] { return std::pair{std::string("llga::layer_norm"), c10::str(x.sizes(), " Float")}; };
+  return chooser.run(key, describe, [&](size_t i) {
+    return i == 0 ? normalized_rows(x, weight, bias, eps) : at::layer_norm(x, normalized_shape, weight, bias, eps);
+  });
+}
+
+at::Tensor normalized_rows(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                           double eps) {
+  const int64_t n = x.size(-1);
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   const float* src = x.const_data_ptr<float>();
   float* dst = y.mutable_data_ptr<float>();

@@ -20,6 +20,7 @@
 // a contiguous [out, in] matrix) is at::linear (a bf16 one on a CPU without oneDNN bf16 kernels:
 // llga::widened_linear): the same result as eager's, up to the order of the sums.
 #include "jit/codegen/onednn/kernels/row_linear.h"
+#include "jit/codegen/onednn/settings/choices.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -143,9 +144,24 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& weight, const std:
   return linear_rows<c10::BFloat16>(x, rows.data(), weight, bias);
 }
 
+// The key and record of a choice over x's rows and this weight.
+choices::Key key_of(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return {x.numel() / x.size(-1), weight.size(0), weight.size(1), static_cast<int64_t>(x.scalar_type()), bias.has_value()};
+}
+auto describer(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+  return [op, &x, &weight] {
+    return std::pair{std::string(op), c10::str(x.numel() / x.size(-1), " rows x ", weight.sizes(), " ", x.scalar_type())};
+  };
+}
+
 at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   // Else at::linear (widened_linear: for bf16 on a CPU without oneDNN bf16 kernels, widened).
-  return fits(x, weight, bias) ? linear_rows(x, weight, bias) : widened_linear(x, weight, bias);
+  if (!fits(x, weight, bias)) return widened_linear(x, weight, bias);
+  // The kernel, or PyTorch's linear (oneDNN's or MKL's): which streams the weight faster differs
+  // between CPUs and dtypes (choice site row_linear).
+  static choices::Chooser<at::Tensor> chooser("row_linear");
+  return chooser.run(key_of(x, weight, bias), describer("llga::row_linear", x, weight),
+                     [&](size_t i) { return i == 0 ? linear_rows(x, weight, bias) : at::linear(x, weight, bias); });
 }
 
 // out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * norm_weight as floats, in at::rms_norm's order
@@ -192,8 +208,12 @@ at::Tensor rms_norm_row_linear(const at::Tensor& x, const std::optional<at::Tens
                                           norm_weight->is_contiguous() && !norm_weight->requires_grad());
   if (!fits(x, weight, bias) || !norm_fits) return row_linear(at::rms_norm(x, {x.size(-1)}, norm_weight, eps), weight, bias);
   const float e = static_cast<float>(eps ? *eps : std::numeric_limits<float>::epsilon());
-  return x.scalar_type() == at::kFloat ? normalized_linear_rows<float>(x, norm_weight, e, weight, bias)
-                                       : normalized_linear_rows<c10::BFloat16>(x, norm_weight, e, weight, bias);
+  static choices::Chooser<at::Tensor> chooser("rms_norm_row_linear");
+  return chooser.run(key_of(x, weight, bias), describer("llga::rms_norm_row_linear", x, weight), [&](size_t i) {
+    if (i == 1) return at::linear(at::rms_norm(x, {x.size(-1)}, norm_weight, eps), weight, bias);
+    return x.scalar_type() == at::kFloat ? normalized_linear_rows<float>(x, norm_weight, e, weight, bias)
+                                         : normalized_linear_rows<c10::BFloat16>(x, norm_weight, e, weight, bias);
+  });
 }
 
 torch::jit::RegisterOperators registered({

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/torch_onednn.h"
 
 namespace llga {
@@ -37,8 +38,9 @@ bool fits(const at::Tensor& x, const at::Tensor& weight, const std::optional<at:
 
 bool widened_linear_runs() { return onednn::load_error().empty() && !onednn::cpu().bf16; }
 
-at::Tensor widened_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  if (!fits(x, weight, bias)) return at::linear(x, weight, bias);
+namespace {
+
+at::Tensor widened(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   const int64_t n = weight.size(0), k = weight.size(1);
   const at::Tensor rows = x.reshape({-1, k}).to(at::kFloat);
   const at::Tensor bias_f32 = bias ? bias->to(at::kFloat) : at::Tensor();
@@ -60,6 +62,18 @@ at::Tensor widened_linear(const at::Tensor& x, const at::Tensor& weight, const s
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = n;
   return out.view(sizes);
+}
+
+}  // namespace
+
+at::Tensor widened_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (!fits(x, weight, bias)) return at::linear(x, weight, bias);
+  static choices::Chooser<at::Tensor> chooser("widened_linear");
+  const choices::Key key{choices::bucket(x.numel() / x.size(-1)), weight.size(0), weight.size(1), bias.has_value()};
+  auto describe = [&] {
+    return std::pair{std::string("llga::widened_linear"), c10::str(x.numel() / x.size(-1), " rows x ", weight.sizes(), " bf16")};
+  };
+  return chooser.run(key, describe, [&](size_t i) { return i == 0 ? widened(x, weight, bias) : at::linear(x, weight, bias); });
 }
 
 namespace {

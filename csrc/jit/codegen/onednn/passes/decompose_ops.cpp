@@ -99,8 +99,10 @@ std::vector<int64_t> contiguous(const std::vector<int64_t>& sizes) {
 // Whether an attention of this dtype and these sizes runs one of torch_llga's own kernels (kernels/),
 // which read strided q, k and v views; oneDNN's is handed dense ones.
 bool own_attention_kernel(c10::ScalarType dtype, int64_t head_size, int64_t queries, int64_t keys, bool masked) {
-  return runtime::own_kernels_enabled() && ((dtype == at::kFloat && !masked && small_head_attention_runs(head_size, keys)) ||
-                                             head64_attention_runs(dtype, head_size, queries, keys));
+  return runtime::own_kernels_enabled() &&
+         ((dtype == at::kFloat && !masked && small_head_attention_runs(head_size, keys) &&
+           !runtime::switched_off("small_head_attention")) ||
+          (head64_attention_runs(dtype, head_size, queries, keys) && !runtime::switched_off("head64_attention")));
 }
 
 // nn.MultiheadAttention's inference fast path, one aten op for self-attention without a mask

@@ -59,6 +59,7 @@ void replace_pools(torch::jit::Block* block) {
     Node* pool = quantized_pool(q);
     const bool average = pool && global_average(pool);
     if (!pool || (!average && !max_on_its_grid(pool, q))) continue;
+    if (runtime::switched_off(average ? "quantized_global_avg_pool" : "quantized_max_pool2d")) continue;
     Value* codes = pool->input(0)->node()->input(0);
     // The parameters as numbers (FX's reference flow passes them as tensors).
     auto params = *quantize_params(q);

@@ -230,7 +230,7 @@ bool fold_requantized_reshapes(torch::jit::Block* block) {
                      t1->scalarType() == t2->scalarType();
     // Requantized only from codes of a known per-tensor grid (the type cannot tell a per-channel
     // tensor, whose reshape PyTorch's dequantize would refuse).
-    if (!same_grid && !(p1 && runtime::own_kernels_enabled() && (*t1->scalarType() == at::kQUInt8 || *t1->scalarType() == at::kQInt8)))
+    if (!same_grid && !(p1 && runtime::own_kernels_enabled() && !runtime::switched_off("requantize") && (*t1->scalarType() == at::kQUInt8 || *t1->scalarType() == at::kQInt8)))
       continue;
     reshape->replaceInput(0, codes);
     reshape->output()->setType(t2->withScalarType(t1->scalarType()));

@@ -72,11 +72,9 @@ void find_row_linears(torch::jit::Block* block, const torch::jit::AliasDb& db, s
     if (!w || !w->isTensor() || !b || !(b->isNone() || b->isTensor()) || !out || !out->isComplete()) continue;
     const at::Tensor& weight = w->toTensor();
     const auto dtype = weight.scalar_type();
-    // bf16 only where oneDNN has no bf16 kernels. With them (AMD EPYC Zen 4, AVX512_BF16, 2 threads)
-    // its one-row bf16 matmuls took 0.65-0.93x the kernel's time on three of five decoder shapes,
-    // and SmolLM2-135M's bf16 decoding ran 77.0 and 75.2 tokens/s against 70.3 and 68.9 with the
-    // kernel (bench_llm, two pairs of runs); the fp32 kernel still wins there (0.60-1.00x the time).
-    bool bf16_ok = dtype == at::kBFloat16 && !onednn::cpu().bf16;
+    // fp32 and bf16: whether the kernel or PyTorch's linear (oneDNN's bf16 matmul where it has
+    // bf16 kernels) runs is measured at the first call (choice site row_linear).
+    bool bf16_ok = dtype == at::kBFloat16;
     if (weight.dim() != 2 || (dtype != at::kFloat && !bf16_ok) || !weight.device().is_cpu() ||
         !row_linear_runs(profiled_rows(n->input(0), dtype), weight.size(0), weight.size(1)))
       continue;
@@ -93,7 +91,7 @@ void take_row_linear(const std::shared_ptr<Graph>& g, const RowLinear& r) {
   Value* weight_value = weight.is_contiguous() ? n->input(1) : g->insertConstant(weight.contiguous());
   Value* bias_value = b->isTensor() && !b->toTensor().is_contiguous() ? g->insertConstant(b->toTensor().contiguous())
                                                                       : n->input(2);
-  Node* norm = r.norm;
+  Node* norm = runtime::switched_off("rms_norm_row_linear") ? nullptr : r.norm;
   if (norm) {
     replace_with(n, kRmsNormRowLinear, {norm->input(0), norm->input(2), norm->input(3), weight_value, bias_value});
     norm->destroy();

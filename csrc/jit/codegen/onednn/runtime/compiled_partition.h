@@ -16,8 +16,8 @@ namespace llga {
 class Int8Primitive;
 
 struct CompiledPartition {
-  // Timed executions against the group's unfused ops (speed_check.cpp).
-  static constexpr int kSpeedChecks = 2;
+  // Timed executions against the group's unfused ops (speed_check.cpp): at most this many.
+  static constexpr int kSpeedChecks = 3;
 
   CompiledPartition();   // counted in stats().cached_partitions
   ~CompiledPartition();
@@ -46,13 +46,14 @@ struct CompiledPartition {
   // post-op accumulates into the added tensor's buffer instead of copying it to the output first.
   std::vector<std::pair<size_t, size_t>> inplace;
 
-  // Run the unfused subgraph instead: oneDNN could not compile this, or ran it far slower than
-  // PyTorch runs the ops (set by the speed check after compilation, while other threads read it).
+  // Run the unfused subgraph instead: oneDNN could not compile this, or the measured choice
+  // (speed_check.cpp) found PyTorch running the group's ops faster (set while other threads read it).
   std::atomic<bool> fallback{false};
-  // The speed check: the first execution is a warm-up, the next kSpeedChecks each also time the
-  // group's ops unfused; one far slower every time runs unfused.
+  // The measured choice: the first execution is a warm-up, the next kSpeedChecks each also time the
+  // group's ops unfused (fewer when the partition is clearly faster); 0 when decided or pinned.
   std::atomic<int> checks_left{kSpeedChecks + 1};
-  int slow_verdicts = 0;  // under check_mutex
+  // Best times so far (under check_mutex): wall and the calling thread's CPU, fused and unfused.
+  double fused_ns = 1e300, unfused_ns = 1e300, fused_cpu_ns = 1e300, unfused_cpu_ns = 1e300;
   std::mutex check_mutex;
   std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
 };

@@ -1,13 +1,15 @@
-// The speed check: a compiled partition's first executions are timed against the group's ops run
-// unfused, and one oneDNN runs far slower (a reference kernel) runs unfused from then on.
+// The measured choice of a fused group (choice site "fusion_group", settings/choices.h): its
+// compiled partition's first executions are timed against the group's ops run unfused by PyTorch,
+// on the same inputs, and the faster runs from then on.
 #include "jit/codegen/onednn/runtime/fusion_kernel.h"
 
 #include <torch/csrc/jit/jit_log.h>
 
-#include <chrono>
-#include <ctime>
+#include <algorithm>
 
+#include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/settings/choices.h"
 
 namespace llga {
 
@@ -15,68 +17,93 @@ using torch::jit::Stack;
 
 namespace {
 
-// CPU time of the calling thread, in ns (not the time it waited for others or for a core).
-double thread_cpu_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) * 1e9 + static_cast<double>(t.tv_nsec);
+const choices::Site& fusion_group_site() {
+  static const choices::Site& s = choices::site("fusion_group");
+  return s;
+}
+
+// "[1, 128, 576] BFloat16, ..." of the group's tensor inputs (their dense sizes for LLGA tensors).
+std::string describe(c10::ArrayRef<at::Tensor> inputs) {
+  std::string s;
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    s += s.empty() ? "" : ", ";
+    s += c10::str(t.sizes(), " ", t.scalar_type());
+  }
+  return s;
 }
 
 }  // namespace
 
 // oneDNN runs some partitions with a reference kernel, 7-3700x slower than PyTorch runs the same
-// ops (onednn_quirks.h keeps the known ones out of partitions; 567 ms against 0.28 ms for a
-// [1, 12, 128, 768] x [1, 12, 768, 64] matmul with a per-head bias). So a compiled partition's
-// second and third executions each also run the group's ops unfused, first (an in-place output
-// may overwrite an input), on the same inputs, and time both. Slower than kSlowFactor times the
-// unfused ops plus kSlowMarginNs both times, the partition runs unfused from then on (the
-// unfused ops' first run is their slowest: the check errs towards keeping the partition). The
-// margin is tens of milliseconds, and both the wall time and the calling thread's CPU time must
-// exceed it: with other processes on the cores an OpenMP region waits for a thread the OS has
-// descheduled (libgomp spinning meanwhile), and tiny partitions took 7-11 ms against 3-12 us
-// unfused, twice in a row (fuzzing beside two busy processes). So the check catches the costly
-// traps (the reference kernels swept cost 20-1200 ms more than PyTorch's ops at realistic sizes);
-// cheaper ones are the quirks' to keep out.
+// ops, and on some CPUs a kernel of its own is slower than PyTorch's for a group's sizes (which
+// ones differ between CPUs: a bf16 RMSNorm partition runs a reference kernel where AMX is). So a
+// compiled partition's 2nd to 4th executions each also run the group's ops unfused, first (an
+// in-place output may overwrite an input), on the same inputs, and time both; the partition is
+// kept unless the unfused ops' best time is below its best by the site's margin, on the wall
+// clock and the calling thread's CPU time alike (with other processes on the cores an OpenMP
+// region waits for a descheduled thread: the CPU time does not count that). A partition under half
+// the unfused ops' time after any round is kept at once (the common case: one extra unfused run).
 void FusionKernel::run_checking_speed(CompiledPartition& c, const Inputs& inputs, c10::ArrayRef<c10::IValue> args, Stack& stack) {
-  constexpr double kSlowFactor = 5;
-  constexpr double kSlowMarginNs = 25e6;
+  const choices::Site& site = fusion_group_site();
   std::unique_lock<std::mutex> lock(c.check_mutex);
   int left = c.checks_left.load(std::memory_order_relaxed);
-  if (left == CompiledPartition::kSpeedChecks + 1 || left == 0) {  // the warm-up execution (or another thread's check ended)
-    if (left > 0) c.checks_left.store(left - 1, std::memory_order_relaxed);
+  if (left == 0) {  // another thread's check ended meanwhile
+    lock.unlock();
+    return c.fallback.load(std::memory_order_relaxed) ? run_fallback(stack) : execute(c, inputs, args, stack);
+  }
+  auto decide = [&](bool unfused, const char* how) {
+    c.checks_left.store(0, std::memory_order_relaxed);
+    std::vector<std::pair<std::string, double>> times;
+    if (c.fused_ns < 1e300) times = {{"onednn", c.fused_ns / 1e3}, {"pytorch", c.unfused_ns / 1e3}};
+    choices::record({"fusion_group", profiler_name_, describe(inputs), unfused ? "pytorch" : "onednn", how, std::move(times),
+                     group_id_});
+    if (unfused) {
+      c.fallback = true;
+      if (std::string(how) == "measured") runtime::stats().slow_partitions.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  if (auto pin = choices::pinned(site)) {
+    decide(*pin == 1, "pinned");
+    lock.unlock();
+    return *pin == 1 ? run_fallback(stack) : execute(c, inputs, args, stack);
+  }
+  if (left == CompiledPartition::kSpeedChecks + 1) {  // the warm-up execution (weights reordered, buffers made)
+    c.checks_left.store(left - 1, std::memory_order_relaxed);
     lock.unlock();
     return execute(c, inputs, args, stack);
   }
-  using Clock = std::chrono::steady_clock;
-  auto start = Clock::now();
-  double start_cpu = thread_cpu_ns();
+  double start = choices::now_ns(), start_cpu = choices::thread_cpu_ns();
   try {
     Stack unfused(args.begin(), args.end());
     for_pytorch(unfused);
     torch::jit::InterpreterState(fallback_code()).run(unfused);
-  } catch (const std::exception& e) {  // no verdict: the fused call goes on as it would have
+  } catch (const std::exception& e) {  // no verdict: the partition stays
     GRAPH_DEBUG("The speed check's unfused run failed (", e.what(), ")");
-    c.checks_left.store(0, std::memory_order_relaxed);
+    decide(false, "measured");
     lock.unlock();
     return execute(c, inputs, args, stack);
   }
-  auto middle = Clock::now();
-  double middle_cpu = thread_cpu_ns();
+  double middle = choices::now_ns(), middle_cpu = choices::thread_cpu_ns();
   execute(c, inputs, args, stack);
-  auto end = Clock::now();
-  double end_cpu = thread_cpu_ns();
-  double unfused_ns = std::chrono::duration<double, std::nano>(middle - start).count();
-  double fused_ns = std::chrono::duration<double, std::nano>(end - middle).count();
-  auto slow = [&](double fused, double unfused) { return fused > kSlowFactor * unfused + kSlowMarginNs; };
-  c.slow_verdicts += slow(fused_ns, unfused_ns) && slow(end_cpu - middle_cpu, middle_cpu - start_cpu);
-  c.checks_left.store(left - 1, std::memory_order_relaxed);
-  if (left - 1 == 0 && c.slow_verdicts == CompiledPartition::kSpeedChecks) {
-    c.fallback = true;
-    runtime::stats().slow_partitions.fetch_add(1, std::memory_order_relaxed);
-    TORCH_WARN("torch_llga: oneDNN ran a fused group (", profiler_name_, ") ",
-               static_cast<int64_t>(fused_ns / std::max(unfused_ns, 1.0)), "x slower than PyTorch runs its ops (",
-               static_cast<int64_t>(fused_ns / 1e3), " against ", static_cast<int64_t>(unfused_ns / 1e3),
-               " us): it runs unfused for these inputs. Please report the model (torch_llga.explain shows the group).");
+  double end = choices::now_ns(), end_cpu = choices::thread_cpu_ns();
+  c.unfused_ns = std::min(c.unfused_ns, middle - start);
+  c.fused_ns = std::min(c.fused_ns, end - middle);
+  c.unfused_cpu_ns = std::min(c.unfused_cpu_ns, middle_cpu - start_cpu);
+  c.fused_cpu_ns = std::min(c.fused_cpu_ns, end_cpu - middle_cpu);
+  auto faster_unfused = [&](double fused, double unfused) { return unfused * site.margin + site.margin_ns < fused; };
+  if (c.fused_ns * 2 < c.unfused_ns) return decide(false, "measured");
+  if (left - 1 > 0) {
+    c.checks_left.store(left - 1, std::memory_order_relaxed);
+    return;
+  }
+  bool unfused = faster_unfused(c.fused_ns, c.unfused_ns) && faster_unfused(c.fused_cpu_ns, c.unfused_cpu_ns);
+  decide(unfused, "measured");
+  if (unfused && c.fused_ns > 5 * c.unfused_ns) {  // likely a reference kernel: worth a report
+    TORCH_WARN_ONCE("torch_llga: PyTorch ran the ops of a fused group (", profiler_name_, ") ",
+                    static_cast<int64_t>(c.fused_ns / std::max(c.unfused_ns, 1.0)), "x faster than oneDNN (",
+                    static_cast<int64_t>(c.unfused_ns / 1e3), " against ", static_cast<int64_t>(c.fused_ns / 1e3),
+                    " us): they run unfused for these inputs (torch_llga.choices() lists every such choice). Please report the model.");
   }
 }
 

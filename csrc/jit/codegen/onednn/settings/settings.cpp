@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -55,6 +56,44 @@ bool own_kernels_enabled() {
 }
 bool small_plans_enabled() { return g_small_plans.load(std::memory_order_relaxed); }
 void set_small_plans_enabled(bool on) { g_small_plans.store(on, std::memory_order_relaxed); }
+namespace {
+std::mutex g_switch_mutex;
+std::vector<std::string> g_switched_off = [] {  // under g_switch_mutex
+  std::vector<std::string> names;
+  if (const char* env = std::getenv("TORCH_LLGA_PASSES_OFF")) {
+    std::string list = env;
+    for (size_t start = 0; start <= list.size();) {
+      size_t end = list.find(',', start);
+      if (end == std::string::npos) end = list.size();
+      std::string name = list.substr(start, end - start);
+      name.erase(0, name.find_first_not_of(' '));
+      name.erase(name.find_last_not_of(' ') + 1);
+      if (!name.empty()) names.push_back(name);
+      start = end + 1;
+    }
+  }
+  return names;
+}();
+std::atomic<bool> g_any_switched_off{!g_switched_off.empty()};
+}  // namespace
+
+bool switched_off(const char* name) {
+  if (!g_any_switched_off.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(g_switch_mutex);
+  for (const auto& n : g_switched_off)
+    if (n == name) return true;
+  return false;
+}
+void set_switched_off(const std::vector<std::string>& names) {
+  std::lock_guard<std::mutex> lock(g_switch_mutex);
+  g_switched_off = names;
+  g_any_switched_off.store(!names.empty(), std::memory_order_relaxed);
+}
+std::vector<std::string> switched_off_names() {
+  std::lock_guard<std::mutex> lock(g_switch_mutex);
+  return g_switched_off;
+}
+
 int64_t cache_capacity() { return g_cache_capacity.load(std::memory_order_relaxed); }
 void set_cache_capacity(int64_t n) { g_cache_capacity.store(n, std::memory_order_relaxed); }
 

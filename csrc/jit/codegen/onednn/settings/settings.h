@@ -4,6 +4,8 @@
 // of torch_llga's Python face reach them through csrc/init.cpp).
 #include <atomic>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace llga::runtime {
 
@@ -40,6 +42,13 @@ void set_small_plans_enabled(bool on);
 // (int8_primitive.h); on
 // unless TORCH_LLGA_OWN_KERNELS=0 when a graph is optimized (read then, for A/B comparisons).
 bool own_kernels_enabled();
+
+// Passes and own-kernel rows switched off by name (passes.h's pipeline() and own_kernel_table()):
+// TORCH_LLGA_PASSES_OFF="name,..." when a graph is optimized, or set_switched_off (names checked by
+// the caller). For A/B comparisons and for finding which pass a problem comes from.
+bool switched_off(const char* name);
+void set_switched_off(const std::vector<std::string>& names);
+std::vector<std::string> switched_off_names();
 
 // Compiled partitions each group keeps (one per input layout/shape), least recently used evicted first.
 int64_t cache_capacity();

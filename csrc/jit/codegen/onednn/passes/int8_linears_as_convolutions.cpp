@@ -1,4 +1,4 @@
-// Int8RowLinears: an int8 linear of 1 to 16 rows (a classifier's head: ResNet's and MobileNet's
+// Int8LinearsAsConvolutions: an int8 linear of 1 to 16 rows (a classifier's head: ResNet's and MobileNet's
 // last layer) on a CPU without VNNI -> a 1x1 int8 convolution over the same memory:
 //   linear(dequantize(x), dequantize(w), b)  [M, K] x [N, K]
 //   -> reshape(conv2d(dequantize(reshape(x, [-1, K, 1, 1])), dequantize(w as [N, K, 1, 1]), b),
@@ -116,13 +116,13 @@ void find(torch::jit::Block* block, std::vector<Node*>& found) {
 
 }  // namespace
 
-void Int8RowLinears(std::shared_ptr<Graph>& g) {
+void Int8LinearsAsConvolutions(std::shared_ptr<Graph>& g) {
   if (!onednn::cpu().int8_vnni) {
     std::vector<Node*> found;
     find(g->block(), found);
     for (Node* n : found) take(g, n);
   }
-  GRAPH_DUMP("After Int8RowLinears", g);
+  GRAPH_DUMP("After Int8LinearsAsConvolutions", g);
 }
 
 }  // namespace llga

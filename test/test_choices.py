@@ -1,0 +1,247 @@
+"""Choices between ways to run the same ops, made by timing them on the machine at hand
+(settings/choices.h): every branch forced by a pin, the values right whichever runs, and the
+recorded choice following the times that were measured."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_llga
+from conftest import AVX2, CPU, FP32, PER_HEAD_BIAS_MODEL, Fused, check
+
+SITES = {s["site"]: s for s in torch_llga.choice_sites()}
+
+
+@pytest.fixture
+def pins():
+    """Pins for one test; every choice is measured again afterwards."""
+    yield torch_llga.pin_choices
+    torch_llga.pin_choices(None)
+
+
+def new_choices(since, site):
+    return [c for c in torch_llga.choices() if c["seq"] > since and c["site"] == site]
+
+
+def last_seq():
+    return max((c["seq"] for c in torch_llga.choices()), default=0)
+
+
+def follows_the_times(c):
+    """The recorded choice is the one the site's rule gives for the recorded best times: the
+    default unless another candidate is faster by the margin."""
+    site = SITES[c["site"]]
+    times = c["best_us"]
+    default = site["default"]
+    faster = [n for n, t in times.items() if n != default and t * site["margin"] + site["margin_us"] < times[default]
+              and t < times[default]]
+    if c["site"] == "fusion_group" and c["chosen"] == default:
+        # A group's ops leave their partition only when PyTorch also wins on the calling thread's
+        # CPU time (not recorded): a wall-clock win alone can be a descheduled OpenMP thread.
+        return True
+    return c["chosen"] == (min(faster, key=times.get) if faster else default)
+
+
+def test_sites_and_pins_are_checked():
+    assert {"fusion_group", "row_linear", "rms_norm_row_linear", "widened_linear", "layer_norm"} <= set(SITES)
+    assert all(s["candidates"][0] == s["default"] for s in SITES.values())
+    with pytest.raises(ValueError, match="no choice site 'rowlinear'.*row_linear: own pytorch"):
+        torch_llga.pin_choices(rowlinear="own")
+    with pytest.raises(ValueError, match="site 'row_linear' has no candidate 'onednn'"):
+        torch_llga.pin_choices("row_linear=onednn")
+    with pytest.raises(ValueError, match="site=candidate"):
+        torch_llga.pin_choices("row_linear")
+    assert torch_llga.choice_pins() == ""
+    try:
+        torch_llga.pin_choices("*=default")
+        assert torch_llga.choice_pins().split(",") == [f"{s}={v['default']}" for s, v in SITES.items()]
+    finally:
+        torch_llga.pin_choices(None)
+    assert torch_llga.choice_pins() == ""
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("pin", ["own", "pytorch", None])
+def test_row_linear_runs_what_is_pinned_or_measured(pins, pin):
+    # A decoder step's linear: the own kernel or PyTorch's at::linear, pinned or timed at the first
+    # call of each size; right either way; the record names what runs and why.
+    if pin:
+        pins(row_linear=pin)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(300, 1100), nn.ReLU(), nn.Linear(1100, 600, bias=False))
+    x = torch.randn(1, 3, 300)
+    since = last_seq()
+    fused = check(model, x, groups=[])
+    assert str(fused.graph).count("llga::row_linear(") == 2
+    made = new_choices(since, "row_linear")
+    assert len(made) == 2 and {c["subject"] for c in made} == {"llga::row_linear"}, made
+    assert sorted(c["key"] for c in made) == ["3 rows x [1100, 300] Float", "3 rows x [600, 1100] Float"]
+    for c in made:
+        if pin:
+            assert c["chosen"] == pin and c["how"] == "pinned" and c["best_us"] == {}
+        else:
+            assert c["how"] == "measured" and set(c["best_us"]) <= {"own", "pytorch"} and follows_the_times(c), c
+    # Made once a size: later calls at the same sizes add no record.
+    for _ in range(3):
+        torch.testing.assert_close(fused(x), model(x), **FP32)
+    assert len(new_choices(since, "row_linear")) == 2
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's row linear kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("pin", ["own", "pytorch"])
+def test_rms_norm_row_linear_runs_what_is_pinned(pins, pin):
+    pins(rms_norm_row_linear=pin)
+    torch.manual_seed(0)
+    weight, proj = torch.rand(576) + 0.5, nn.Linear(576, 960).requires_grad_(False)
+
+    def fn(x):
+        return proj(F.rms_norm(x, (576,), weight, 1e-6))
+
+    x = torch.randn(1, 2, 576)
+    since = last_seq()
+    with torch.no_grad():
+        fused = Fused(fn, (x,))
+        assert str(fused.graph).count("llga::rms_norm_row_linear(") == 1
+        torch.testing.assert_close(fused(x), fn(x), **FP32)
+    made = new_choices(since, "rms_norm_row_linear")
+    assert [(c["chosen"], c["how"]) for c in made] == [(pin, "pinned")]
+
+
+@pytest.mark.skipif(CPU["bf16"] or not AVX2, reason="bf16 linears are widened only without oneDNN bf16 kernels")
+@pytest.mark.parametrize("pin", ["own", "pytorch", None])
+def test_widened_linear_runs_what_is_pinned_or_measured(pins, pin):
+    if pin:
+        pins(widened_linear=pin)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(300, 1100), nn.GELU(), nn.Linear(1100, 600)).eval().bfloat16()
+    x = torch.randn(16, 300).bfloat16()
+    since = last_seq()
+    # bf16: both round fp32 sums to bf16, in different orders (test_patterns.py BF16_TOLERANCE)
+    check(model, x, groups=[], rtol=2e-2, atol=2e-2)
+    made = new_choices(since, "widened_linear")
+    assert len(made) == 2, made
+    for c in made:
+        assert c["chosen"] == pin and c["how"] == "pinned" if pin else c["how"] == "measured" and follows_the_times(c)
+    if not pin:  # eager's bf16 matmul here is a plain loop, many times slower than fp32 GEMMs
+        assert all(c["chosen"] == "own" for c in made), made
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv2(F.relu(self.conv1(x))).relu() + 1
+
+
+@pytest.mark.parametrize("pin", ["onednn", "pytorch"])
+def test_a_fused_group_runs_what_is_pinned(pins, pin):
+    pins(fusion_group=pin)
+    model, x = ConvNet().eval(), torch.randn(1, 3, 24, 24)
+    since = last_seq()
+    fused = Fused(model, (x,))
+    assert fused.groups, fused.graph
+    before = torch_llga.stats()
+    torch.testing.assert_close(fused(x), model(x), **FP32)
+    after = torch_llga.stats()
+    made = new_choices(since, "fusion_group")
+    assert [(c["chosen"], c["how"]) for c in made] == [(pin, "pinned")] * len(fused.groups), made
+    if pin == "pytorch":
+        assert after["executions"] == before["executions"]
+        assert after["kernel_fallbacks"] - before["kernel_fallbacks"] == len(fused.groups)
+    else:
+        assert after["executions"] - before["executions"] == len(fused.groups)
+
+
+def test_a_fused_groups_choice_is_measured_and_reported():
+    # Each group's compiled partition: its 2nd to 4th executions also run its ops in PyTorch, timed
+    # (one extra run when the partition is clearly faster); the choice follows the best times, and
+    # explain() reports it under the group.
+    model, x = ConvNet().eval(), torch.randn(1, 3, 24, 24)
+    since = last_seq()
+    fused = Fused(model, (x,), runs=6)
+    made = new_choices(since, "fusion_group")
+    assert len(made) == len(fused.groups) and all(c["how"] == "measured" and follows_the_times(c) for c in made), made
+    assert all(set(c["best_us"]) == {"onednn", "pytorch"} for c in made)
+    torch.testing.assert_close(fused(x), model(x), **FP32)
+    report = torch_llga.explain(model, x, verbose=False)
+    assert all(len(g["choices"]) == 1 for g in report.groups), report.groups
+    assert "runs by onednn (measured: onednn" in str(report) or "runs by pytorch (measured" in str(report), str(report)
+
+
+def test_a_partition_slower_than_pytorch_runs_unfused():
+    # oneDNN runs some partitions with a reference kernel, hundreds of times slower than PyTorch's
+    # ops. The known ones stay out of partitions (onednn_quirks.h); any other loses the measured
+    # choice. With the quirk for a per-head bias turned off, that matmul + add is such a partition
+    # (its reference kernel: ~0.25 s a call here, not 1 ms).
+    code = PER_HEAD_BIAS_MODEL + """
+with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    m = torch.jit.freeze(torch.jit.trace(M().eval(), (x, b)))
+    for _ in range(5):  # profiling, compiling + warm-up execution, three timed executions
+        m(x, b)
+    before = torch_llga.stats()
+    y = m(x, b)
+    after = torch_llga.stats()
+torch.testing.assert_close(y, torch.matmul(x, w) + b, rtol=1e-5, atol=1e-5)
+assert before["slow_partitions"] == 1, before
+assert after["kernel_fallbacks"] == before["kernel_fallbacks"] + 1 and after["executions"] == before["executions"]
+assert [str(c.message) for c in caught if "faster than oneDNN" in str(c.message)], [str(c.message) for c in caught]
+[c] = [c for c in torch_llga.choices() if c["site"] == "fusion_group"]
+assert c["chosen"] == "pytorch" and c["how"] == "measured" and c["best_us"]["onednn"] > 5 * c["best_us"]["pytorch"], c
+print("ok")
+"""
+    env = {**os.environ, "TORCH_LLGA_QUIRKS_OFF": "matmul_per_batch_column_post_op", "TORCH_LLGA_SMALL_PLANS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+CAPPED = """
+import json, torch, torch.nn as nn, torch.nn.functional as F, torch_llga
+torch_llga.enable()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.Flatten(),
+                      nn.Linear(32 * 16 * 16, 10)).eval()
+x = torch.randn(1, 3, 16, 16)
+with torch.no_grad():
+    m = torch.jit.freeze(torch.jit.trace(model, x))
+    for _ in range(6):
+        y = m(x)
+    torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-5)
+print(json.dumps({"isa": torch_llga.config()["cpu_isa"], "choices": torch_llga.choices()}))
+"""
+
+
+@pytest.mark.parametrize("isa", ["SSE41", "AVX2", None])
+def test_the_choice_is_made_on_the_kernels_oneDNN_runs(isa):
+    # oneDNN capped to older instruction sets (ONEDNN_MAX_CPU_ISA) runs slower kernels: whatever the
+    # cap, the values are eager's and every choice recorded follows its own measured times.
+    env = {**os.environ, "TORCH_LLGA_SMALL_PLANS": "0"}
+    env.pop("TORCH_LLGA_CHOICES", None)
+    if isa:
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    out = subprocess.run([sys.executable, "-c", CAPPED], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    if isa == "SSE41":
+        assert result["isa"] == "sse41", result["isa"]
+    made = result["choices"]
+    # Two groups (conv + relu, conv), and the one-row classifier on the own kernel where it runs.
+    assert [c["site"] for c in made if c["site"] == "fusion_group"] == ["fusion_group"] * 2, made
+    assert all(c["how"] == "measured" and follows_the_times(c) for c in made), made
+
+
+def test_pins_from_the_environment():
+    code = "import torch_llga; print(torch_llga.choice_pins())"
+    env = {**os.environ, "TORCH_LLGA_CHOICES": "row_linear=pytorch, fusion_group=onednn"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "row_linear=pytorch,fusion_group=onednn", out.stderr
+    env["TORCH_LLGA_CHOICES"] = "row_linear=fast"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "" and "TORCH_LLGA_CHOICES ignored: site 'row_linear' has no candidate 'fast'" in out.stderr
