@@ -71,6 +71,7 @@ PYBIND11_MODULE(_C, m) {
     d["cached_partitions"] = s.cached_partitions.load();
     d["kept_buffer_bytes"] = llga::onednn::kept_buffer_bytes();
     d["slow_partitions"] = s.slow_partitions.load();
+    d["unfused_by_choice"] = s.unfused_by_choice.load();
     d["to_dense_compilations"] = s.to_dense_compilations.load();
     d["constant_cache_flushes"] = s.constant_cache_flushes.load();
     d["measured_choices"] = llga::choices::measured_count();

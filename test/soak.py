@@ -173,6 +173,9 @@ def main(argv=None):
               "executions": stats["executions"], "compilations": stats["compilations"],
               "evictions": stats["evictions"], "guard_failures": stats["guard_failures"],
               "kernel_fallbacks": stats["kernel_fallbacks"], "cached_partitions": stats["cached_partitions"],
+              "slow_partitions": stats["slow_partitions"], "unfused_by_choice": stats["unfused_by_choice"],
+              "groups_chosen_unfused": sorted({(c["subject"], c["key"]) for c in torch_llga.choices()
+                                               if c["site"] == "fusion_group" and c["chosen"] == "pytorch"}),
               "constant_cache_flushes": stats["constant_cache_flushes"]}
     # The counters agree with each other (nothing negative, no more cached than compiled and not
     # evicted) and with what is alive: nothing cached once every model is gone.

@@ -154,7 +154,7 @@ def test_a_fused_group_runs_what_is_pinned(pins, pin):
     assert [(c["chosen"], c["how"]) for c in made] == [(pin, "pinned")] * len(fused.groups), made
     if pin == "pytorch":
         assert after["executions"] == before["executions"]
-        assert after["kernel_fallbacks"] - before["kernel_fallbacks"] == len(fused.groups)
+        assert after["unfused_by_choice"] - before["unfused_by_choice"] == len(fused.groups)
     else:
         assert after["executions"] - before["executions"] == len(fused.groups)
 
@@ -191,7 +191,7 @@ with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
     after = torch_llga.stats()
 torch.testing.assert_close(y, torch.matmul(x, w) + b, rtol=1e-5, atol=1e-5)
 assert before["slow_partitions"] == 1, before
-assert after["kernel_fallbacks"] == before["kernel_fallbacks"] + 1 and after["executions"] == before["executions"]
+assert after["unfused_by_choice"] == before["unfused_by_choice"] + 1 and after["executions"] == before["executions"]
 assert [str(c.message) for c in caught if "faster than oneDNN" in str(c.message)], [str(c.message) for c in caught]
 [c] = [c for c in torch_llga.choices() if c["site"] == "fusion_group"]
 assert c["chosen"] == "pytorch" and c["how"] == "measured" and c["best_us"]["onednn"] > 5 * c["best_us"]["pytorch"], c

@@ -1,14 +1,11 @@
 """What stays in PyTorch, and what happens when inputs differ from the profiled ones."""
-import os
-import subprocess
-import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_llga
 
-from conftest import PER_HEAD_BIAS_MODEL, ConvNet, FP32, check, opaque_outputs, SOME
+from conftest import ConvNet, FP32, check, opaque_outputs, SOME
 
 
 def assert_matches_eager(model, fused, x):

@@ -176,9 +176,9 @@ def stats():
     per group the first time a call brings it other input sizes);
     guard_failures: calls that ran a group unfused because its inputs differed from what it was
     built for (sizes, dtype, device, grad) or held NaN/Inf (also counted in nonfinite_fallbacks);
-    kernel_fallbacks: calls run unfused because oneDNN could not compile the partition, ran it
-    slower than PyTorch runs its ops (slow_partitions), or (a shape-free group at new sizes) an op
-    of the group stays out of oneDNN at those sizes;
+    kernel_fallbacks: calls run unfused because oneDNN could not compile the partition, or (a
+    shape-free group at new sizes) an op of the group stays out of oneDNN at those sizes;
+    unfused_by_choice: calls of groups whose measured (or pinned) choice is PyTorch's ops;
     slow_partitions: compiled partitions that run unfused because PyTorch ran their ops faster
     (measured choice "fusion_group": timed on their 2nd to 4th executions, kept unless PyTorch's
     ops take under 1/1.5 of the partition's time less 50 us; a reference kernel, say);

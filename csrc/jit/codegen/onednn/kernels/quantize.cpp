@@ -11,7 +11,7 @@
 #include <immintrin.h>
 
 #include "jit/codegen/onednn/kernels/quantizing_op.h"
-#include "jit/codegen/onednn/runtime/inplace.h"
+#include "onednn/pooled_qtensor.h"
 
 namespace llga {
 

@@ -13,7 +13,7 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/kernels/quantizing_op.h"
-#include "jit/codegen/onednn/runtime/inplace.h"
+#include "onednn/pooled_qtensor.h"
 
 namespace llga {
 

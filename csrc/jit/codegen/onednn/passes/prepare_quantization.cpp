@@ -278,6 +278,8 @@ std::optional<float> highest_value(const Value* v) {
 // torch_llga/_pt2e.py; a pool of codes below 128 keeps them there). Rounded up at halves, with a
 // margin: an upper bound whichever way oneDNN or PyTorch rounds.
 std::optional<int64_t> largest_u8_code(const Node* q, const QuantParams& p) {
+  // A reshape of codes on one grid (a classifier's flatten of its pool's codes) keeps their largest.
+  while (is_quantized_reshape(q)) q = q->input(0)->node();
   if (q->output()->type()->expect<TensorType>()->scalarType() != c10::kQUInt8) return std::nullopt;
   std::optional<float> top;
   if (q->kind() == c10::aten::quantize_per_tensor) {

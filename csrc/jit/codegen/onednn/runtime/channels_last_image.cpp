@@ -9,6 +9,7 @@
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/mapping/dtypes.h"
 #include "jit/codegen/onednn/runtime/inplace.h"
+#include "onednn/pooled_qtensor.h"
 #include "jit/codegen/onednn/runtime/to_dense.h"
 #include "onednn/buffer_pool.h"
 

@@ -49,6 +49,7 @@ struct CompiledPartition {
   // Run the unfused subgraph instead: oneDNN could not compile this, or the measured choice
   // (speed_check.cpp) found PyTorch running the group's ops faster (set while other threads read it).
   std::atomic<bool> fallback{false};
+  bool chosen_unfused = false;  // set with `fallback` by the choice: its calls are no kernel fallbacks
   // The measured choice: the first execution is a warm-up, the next kSpeedChecks each also time the
   // group's ops unfused (fewer when the partition is clearly faster); 0 when decided or pinned.
   std::atomic<int> checks_left{kSpeedChecks + 1};

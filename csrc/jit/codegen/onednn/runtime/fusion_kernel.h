@@ -61,6 +61,7 @@ class FusionKernel {
   std::shared_ptr<CompiledPartition> compile_int8(const Inputs& inputs);
   bool maps_at(c10::ArrayRef<c10::IValue> args);
   void run_fallback(torch::jit::Stack& stack);
+  void run_unfused_by_choice(torch::jit::Stack& stack);
 
   // Reads the group node's attributes and the partition's ports into the structs below; false if
   // the partition cannot run this group (every call then runs the subgraph unfused).

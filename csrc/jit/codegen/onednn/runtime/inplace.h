@@ -17,13 +17,8 @@ bool dense_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool 
 
 // The same for a quantized output (a dense QTensor, sizes in format): t a per-tensor quantized
 // tensor of that dtype and layout whose memory came from the buffer pool or the CPU allocator and
-// that nothing but this call holds. Then quantized_output_in(t, ...) is the output, t's memory
-// with the output's scale and zero point.
+// that nothing but this call holds. Then quantized_output_in(t, ...) (onednn/pooled_qtensor.h) is
+// the output, t's memory with the output's scale and zero point.
 bool quantized_reusable_as_output(const at::Tensor& t, const c10::IValue& arg, bool guarded, c10::ScalarType dtype,
                                   c10::IntArrayRef sizes, c10::MemoryFormat format);
-at::Tensor quantized_output_in(const at::Tensor& t, double scale, int64_t zero_point, c10::MemoryFormat format);
-// A new quantized output (per tensor, sizes in format), its memory from the buffer pool.
-at::Tensor new_quantized_output(c10::IntArrayRef sizes, c10::ScalarType dtype, double scale, int64_t zero_point,
-                                c10::MemoryFormat format);
-
 }  // namespace llga

@@ -17,6 +17,7 @@
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/runtime/channels_last_image.h"
 #include "jit/codegen/onednn/runtime/inplace.h"
+#include "onednn/pooled_qtensor.h"
 #include "jit/codegen/onednn/runtime/kernel_registry.h"
 #include "jit/codegen/onednn/runtime/layouts.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
@@ -237,6 +238,13 @@ void FusionKernel::run_fallback(Stack& stack) {
   torch::jit::InterpreterState(code).run(stack);
 }
 
+// The group's ops in PyTorch because the measured choice (or a pin) said so: no failure, counted apart.
+void FusionKernel::run_unfused_by_choice(Stack& stack) {
+  runtime::stats().unfused_by_choice.fetch_add(1, std::memory_order_relaxed);
+  for_pytorch(stack);
+  torch::jit::InterpreterState(fallback_code()).run(stack);
+}
+
 // The group's inputs (the stack's last num_inputs_) as PyTorch's ops take them: tensors densified,
 // in eager's layout (in_profiled_layout); other inputs as they were.
 void FusionKernel::for_pytorch(Stack& stack) const {
@@ -266,7 +274,7 @@ void FusionKernel::run(Stack& stack) {
   }
   std::shared_ptr<CompiledPartition> compiled = compiled_for(inputs, args);
   CompiledPartition& c = *compiled;
-  if (c.fallback.load(std::memory_order_relaxed)) return run_fallback(stack);
+  if (c.fallback.load(std::memory_order_relaxed)) return c.chosen_unfused ? run_unfused_by_choice(stack) : run_fallback(stack);
   if (c.checks_left.load(std::memory_order_relaxed) > 0) return run_checking_speed(c, inputs, args, stack);
   execute(c, inputs, args, stack);
 }

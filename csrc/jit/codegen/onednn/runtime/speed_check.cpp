@@ -50,7 +50,7 @@ void FusionKernel::run_checking_speed(CompiledPartition& c, const Inputs& inputs
   int left = c.checks_left.load(std::memory_order_relaxed);
   if (left == 0) {  // another thread's check ended meanwhile
     lock.unlock();
-    return c.fallback.load(std::memory_order_relaxed) ? run_fallback(stack) : execute(c, inputs, args, stack);
+    return c.fallback.load(std::memory_order_relaxed) ? run_unfused_by_choice(stack) : execute(c, inputs, args, stack);
   }
   auto decide = [&](bool unfused, const char* how) {
     c.checks_left.store(0, std::memory_order_relaxed);
@@ -59,6 +59,7 @@ void FusionKernel::run_checking_speed(CompiledPartition& c, const Inputs& inputs
     choices::record({"fusion_group", profiler_name_, describe(inputs), unfused ? "pytorch" : "onednn", how, std::move(times),
                      group_id_});
     if (unfused) {
+      c.chosen_unfused = true;
       c.fallback = true;
       if (std::string(how) == "measured") runtime::stats().slow_partitions.fetch_add(1, std::memory_order_relaxed);
     }
@@ -66,7 +67,7 @@ void FusionKernel::run_checking_speed(CompiledPartition& c, const Inputs& inputs
   if (auto pin = choices::pinned(site)) {
     decide(*pin == 1, "pinned");
     lock.unlock();
-    return *pin == 1 ? run_fallback(stack) : execute(c, inputs, args, stack);
+    return *pin == 1 ? run_unfused_by_choice(stack) : execute(c, inputs, args, stack);
   }
   if (left == CompiledPartition::kSpeedChecks + 1) {  // the warm-up execution (weights reordered, buffers made)
     c.checks_left.store(left - 1, std::memory_order_relaxed);

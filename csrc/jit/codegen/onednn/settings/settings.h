@@ -67,6 +67,7 @@ struct Stats {
   std::atomic<int64_t> plan_runs{0};          // calls of small-graph plans (llga::SmallPlan)
   std::atomic<int64_t> plan_compilations{0};  // small-graph plans compiled (one per plan)
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
+  std::atomic<int64_t> unfused_by_choice{0};  // calls of groups whose measured (or pinned) choice is PyTorch's ops
   std::atomic<int64_t> slow_partitions{0};    // compiled partitions run unfused: far slower than PyTorch (speed_check.cpp)
   std::atomic<int64_t> constant_cache_flushes{0};  // emptied because dropped kernels' weights outweighed live ones (runtime.cpp)
   std::atomic<int64_t> int8_primitives{0};  // of the compilations: int8 conv/linear groups built as one oneDNN primitive (int8_primitive.h)
