@@ -89,7 +89,7 @@ build: $(VENV)/.built
 build-sanitize: $(VENV)/.built-sanitize
 
 demo: build
-	$(PY) -m torch_llga.demo
+	$(PY) -m torch_llga.tools.demo
 
 # TORCH_LLGA_OTHER_TORCH_PYTHON: the pinned venv's python, when testing another torch, so that
 # test_build_info.py imports this build under a torch it was not built for.
@@ -102,7 +102,7 @@ test-sanitize: build-sanitize
 	test/sanitizers/run $(PY) -m pytest -q test
 
 bench: build $(BENCH_DEPS)
-	$(PY) -m torch_llga.bench
+	$(PY) -m torch_llga.tools.bench
 
 clean:
 	rm -rf build torch_llga/_C*.so .venv*/.built .venv*/.built-sanitize *.egg-info

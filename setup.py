@@ -84,7 +84,7 @@ setup(
     name="torch_llga",
     version="0.1.0",
     description="A oneDNN Graph (LLGA) fuser for TorchScript on CPU",
-    # The library, its command line and its tools (python -m torch_llga.bench, .check_models, .demo,
+    # The library, its command line and its tools (python -m torch_llga.tools.bench, .check_models, .demo,
     # .layer_times): the tools' models and runtimes (torchvision, transformers, matplotlib, OpenVINO,
     # ONNX Runtime) are optional, and a tool names the one it misses.
     packages=find_packages(include=["torch_llga", "torch_llga.*"]),

@@ -17,7 +17,7 @@ import torch
 
 import torch_llga
 import torch_llga.dynamo
-from torch_llga.bench_models import bert_base
+from torch_llga.tools.bench_models import bert_base
 
 
 def main():

@@ -64,7 +64,7 @@ def test_help():
 
 
 def test_bench_ratios_are_paired_by_round():
-    from torch_llga.bench import paired_ratio, ratio_cell
+    from torch_llga.tools.bench import paired_ratio, ratio_cell
 
     # The shared machine ran rounds 2 and 5 four times slower, for both backends alike: every
     # per-round ratio is still 2.0x.
@@ -79,7 +79,7 @@ def test_bench_ratios_are_paired_by_round():
 def test_bench_int8_columns_time_each_door_against_each_peer():
     import argparse
 
-    from torch_llga.bench import markdown
+    from torch_llga.tools.bench import markdown
 
     # Each backend 1 ms slower than the one before it, in every round.
     backends = ["torchscript_fp32", "pt2e_llga", "pt2e_llga_export", "openvino_nncf", "onnxruntime_int8"]
@@ -95,7 +95,7 @@ def test_bench_int8_columns_time_each_door_against_each_peer():
 
 
 def test_layer_times_averages_each_position_of_the_repeated_call():
-    from torch_llga.layer_times import executions, per_call
+    from torch_llga.tools.layer_times import executions, per_call
 
     def prim(kind, shape, ms):
         return f"onednn_verbose,v1,primitive,exec,cpu,{kind},impl:avx512,forward,src:f32,,,{shape},{ms}"
@@ -123,7 +123,7 @@ def test_layer_times_averages_each_position_of_the_repeated_call():
 
 
 def test_layer_times_groups_partitions_by_kind():
-    from torch_llga.layer_times import by_partition_kind, executions, per_call
+    from torch_llga.tools.layer_times import by_partition_kind, executions, per_call
 
     def part(kind, ops, ms):
         return f"onednn_verbose,v1,graph,exec,cpu,1000,{kind},{ops},,in0_f32:1:strided,fpm:strict,impl,{ms}"
@@ -144,7 +144,7 @@ OPTIONAL = ["torchvision", "transformers", "matplotlib", "openvino", "onnxruntim
 def documented_tools():
     """Every `python -m torch_llga[.tool]` the README, docs/ and BENCHMARKS.md show."""
     docs = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
-    return sorted({m for doc in docs for m in re.findall(r"python -m (torch_llga(?:\.\w+)?)", doc.read_text())})
+    return sorted({m for doc in docs for m in re.findall(r"python -m (torch_llga(?:\.\w+)*)", doc.read_text())})
 
 
 def without_optional(module, *args):
@@ -156,7 +156,7 @@ def without_optional(module, *args):
 
 
 def test_the_docs_name_the_tools():
-    assert {"torch_llga", "torch_llga.bench", "torch_llga.check_models", "torch_llga.layer_times"} <= set(documented_tools())
+    assert {"torch_llga", "torch_llga.tools.bench", "torch_llga.tools.check_models", "torch_llga.tools.layer_times"} <= set(documented_tools())
 
 
 @pytest.mark.parametrize("module", documented_tools())
@@ -172,19 +172,20 @@ def test_the_wheel_holds_every_documented_tool(tmp_path):
                           "--build-lib", str(tmp_path / "lib")], capture_output=True, text=True, cwd=ROOT,
                          env=dict(os.environ, TORCH_LLGA_METADATA_ONLY="1"))
     assert out.returncode == 0, out.stderr
-    shipped = {p.name for p in (tmp_path / "lib" / "torch_llga").glob("*.py")}
+    lib = tmp_path / "lib" / "torch_llga"
+    shipped = {str(p.relative_to(lib)) for p in lib.rglob("*.py")}
     for module in documented_tools():
-        assert (module.replace("torch_llga", "", 1).lstrip(".") or "__main__") + ".py" in shipped, module
+        assert "/".join(module.split(".")[1:] or ["__main__"]) + ".py" in shipped, module
     # The tools import only the package (never test/): all of its modules ship.
-    assert shipped == {p.name for p in (ROOT / "torch_llga").glob("*.py")}
+    assert shipped == {str(p.relative_to(ROOT / "torch_llga")) for p in (ROOT / "torch_llga").rglob("*.py")}
 
 
 @pytest.mark.parametrize("module,args,message", [
-    ("torch_llga.demo", [], "the demo needs torchvision, which is not installed: pip install torchvision"),
-    ("torch_llga.layer_times", ["--model", "mobilenet_v2"], "mobilenet_v2 needs torchvision"),
-    ("torch_llga.bench", ["--models", "mlp", "--out", "x"], "needs matplotlib, which is not installed: pip install matplotlib"),
-    ("torch_llga.check_models", ["--models", "resnet18,gpt2"], "skipping gpt2: transformers is not installed (pip install transformers)"),
-    ("torch_llga.bench_llm", [], "the LLM benchmark needs transformers, which is not installed: pip install transformers"),
+    ("torch_llga.tools.demo", [], "the demo needs torchvision, which is not installed: pip install torchvision"),
+    ("torch_llga.tools.layer_times", ["--model", "mobilenet_v2"], "mobilenet_v2 needs torchvision"),
+    ("torch_llga.tools.bench", ["--models", "mlp", "--out", "x"], "needs matplotlib, which is not installed: pip install matplotlib"),
+    ("torch_llga.tools.check_models", ["--models", "resnet18,gpt2"], "skipping gpt2: transformers is not installed (pip install transformers)"),
+    ("torch_llga.tools.bench_llm", [], "the LLM benchmark needs transformers, which is not installed: pip install transformers"),
 ])
 def test_a_missing_optional_package_is_named(module, args, message):
     out = without_optional(module, *args)
@@ -194,7 +195,7 @@ def test_a_missing_optional_package_is_named(module, args, message):
 def test_the_int8_peers_say_what_to_install():
     """The int8 run's other runtimes are benchmark extras: without them their cells name the package,
     and the run goes on with the others."""
-    out = without_optional("torch_llga.bench", "--dtype", "int8", "--models", "mlp", "--rounds", "1", "--sample-ms", "1",
+    out = without_optional("torch_llga.tools.bench", "--dtype", "int8", "--models", "mlp", "--rounds", "1", "--sample-ms", "1",
                            "--backends", "torchscript_fp32,torch_llga,openvino_nncf,onnxruntime_int8")
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("| mlp |"))
@@ -205,7 +206,7 @@ def test_the_int8_peers_say_what_to_install():
 def test_int8_drift_over_random_inputs():
     # --drift-inputs N: max / mean abs difference from the fp32 model and top-1 agreement over N
     # random inputs; the fp32 model's own TorchScript agrees fully.
-    out = subprocess.run([sys.executable, "-m", "torch_llga.bench", "--dtype", "int8", "--models", "mlp", "--rounds", "1",
+    out = subprocess.run([sys.executable, "-m", "torch_llga.tools.bench", "--dtype", "int8", "--models", "mlp", "--rounds", "1",
                           "--sample-ms", "1", "--backends", "torchscript_fp32,torch_llga", "--drift-inputs", "5"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -215,15 +216,15 @@ def test_int8_drift_over_random_inputs():
     max_abs, rest = llga.split(" / ")
     # (the random MLP's logits lie close together: int8 changes its top-1 on some inputs)
     assert 0 < float(max_abs) < 1 and 0 <= float(rest.split(", ")[1].rstrip("%")) <= 100, llga
-    bad = subprocess.run([sys.executable, "-m", "torch_llga.bench", "--models", "mlp", "--drift-inputs", "5"],
+    bad = subprocess.run([sys.executable, "-m", "torch_llga.tools.bench", "--models", "mlp", "--drift-inputs", "5"],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "use it with --dtype int8" in bad.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
 def test_the_llm_bench_says_how_to_get_its_openvino_backend():
-    code = ("import runpy, sys; sys.modules['optimum'] = None; sys.argv = ['torch_llga.bench_llm', *sys.argv[1:]]; "
-            "runpy.run_module('torch_llga.bench_llm', run_name='__main__', alter_sys=True)")
+    code = ("import runpy, sys; sys.modules['optimum'] = None; sys.argv = ['torch_llga.tools.bench_llm', *sys.argv[1:]]; "
+            "runpy.run_module('torch_llga.tools.bench_llm', run_name='__main__', alter_sys=True)")
     out = subprocess.run([sys.executable, "-c", code, "--backends", "openvino", "--prompt", "4", "--new-tokens", "2",
                           "--rounds", "1"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -12,7 +12,7 @@ from resnet import resnet18
 
 import torch_llga
 from conftest import ConvNet, fusion_groups
-from torch_llga.bench_models import MODELS
+from torch_llga.tools.bench_models import MODELS
 
 # Under `make test-sanitize` this module only costs time: it builds a separate, unsanitized
 # libtorch_llga with CMake (minutes longer with the ASan runtime preloaded into every compiler) and

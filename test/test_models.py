@@ -61,7 +61,7 @@ def test_check_models_sweep_subset():
     import sys
 
     pytest.importorskip("torchvision", reason="no torchvision release for this torch")
-    out = subprocess.run([sys.executable, "-m", "torch_llga.check_models", "--models",
+    out = subprocess.run([sys.executable, "-m", "torch_llga.tools.check_models", "--models",
                           "squeezenet1_0,shufflenet_v2_x1_0,efficientnet_b0,convnext_tiny", "--size", "64"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -82,7 +82,7 @@ def test_segmentation_model():
     # the head's upsampling; the resize to the input's size stays in PyTorch (its size is computed
     # from the input at run time, which guards, checking tensors only, could not vouch for).
     torchvision = pytest.importorskip("torchvision", reason="no torchvision release for this torch")
-    from torch_llga.bench_models import FirstOf
+    from torch_llga.tools.bench_models import FirstOf
 
     model = FirstOf(torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None)).eval()
     x = torch.rand(1, 3, 96, 96)
@@ -106,7 +106,7 @@ def test_diffusion_unet():
                                           block_out_channels=(32, 64), norm_num_groups=8, cross_attention_dim=32,
                                           attention_head_dim=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                                           up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
-    from torch_llga.bench_models import FirstOf
+    from torch_llga.tools.bench_models import FirstOf
 
     model = FirstOf(unet, return_dict=False).eval()
     inputs = (torch.randn(1, 4, 24, 24), torch.tensor([10.0]), torch.randn(1, 8, 32))
@@ -124,7 +124,7 @@ def test_speech_encoder():
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    from torch_llga.bench_models import FirstOf
+    from torch_llga.tools.bench_models import FirstOf
 
     config = WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16,
                            max_source_positions=50)
@@ -138,7 +138,7 @@ def test_t5_encoder():
     # T5's RMS norm is written out (pow, mean, rsqrt, mul): composed into one RMSNorm op.
     from transformers import T5Config, T5EncoderModel
 
-    from torch_llga.bench_models import FirstOf
+    from torch_llga.tools.bench_models import FirstOf
 
     config = T5Config(d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=100)
     model = FirstOf(T5EncoderModel(config), return_dict=False).eval()

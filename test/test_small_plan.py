@@ -5,7 +5,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_llga
-from torch_llga.bench_models import MODELS
+from torch_llga.tools.bench_models import MODELS
 from torch_llga.report import small_plans
 
 from conftest import AVX2, FP32, Fused, run_in_threads, requires_bf16_kernels

@@ -181,7 +181,7 @@ def stats():
     unfused_by_choice: calls of groups whose measured (or pinned) choice is PyTorch's ops;
     slow_partitions: compiled partitions that run unfused because PyTorch ran their ops faster
     (measured choice "fusion_group": timed on their 2nd to 4th executions, kept unless PyTorch's
-    ops take under 1/1.5 of the partition's time less 50 us; a reference kernel, say);
+    ops beat them by 1.5x plus 50 us in every round; a reference kernel, say);
     measured_choices: choices made by timing the candidates (choices() lists them);
     inplace_outputs: outputs computed in the memory of an input nothing else held (a conv or linear
     with a residual add accumulates into the added tensor instead of copying it first);

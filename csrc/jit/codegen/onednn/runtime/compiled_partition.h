@@ -55,6 +55,7 @@ struct CompiledPartition {
   std::atomic<int> checks_left{kSpeedChecks + 1};
   // Best times so far (under check_mutex): wall and the calling thread's CPU, fused and unfused.
   double fused_ns = 1e300, unfused_ns = 1e300, fused_cpu_ns = 1e300, unfused_cpu_ns = 1e300;
+  int unfused_wins = 0;  // rounds PyTorch's ops won by the margin, on both clocks
   std::mutex check_mutex;
   std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
 };

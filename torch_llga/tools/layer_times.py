@@ -1,7 +1,7 @@
 """Where a model's time goes, layer by layer: torch_llga's oneDNN primitives, optionally beside
 OpenVINO's nodes (benchmark-only dependency), for a model of the bench.
 
-    python -m torch_llga.layer_times --model mobilenet_v2 [--calls 300] [--threads 2] [--openvino]
+    python -m torch_llga.tools.layer_times --model mobilenet_v2 [--calls 300] [--threads 2] [--openvino]
 
 torch_llga's side runs in child processes with ONEDNN_VERBOSE=profile_exec: oneDNN prints every
 partition and primitive execution with its time, into a file whose offsets before and after the
@@ -33,7 +33,7 @@ VERBOSE_PREFIX = "onednn_verbose,v1,"
 def check_model(name):
     """Exits with one sentence if `name` is not a bench model or its package is not installed."""
     from torch_llga import _optional
-    from torch_llga.bench_models import MODELS, PACKAGE
+    from torch_llga.tools.bench_models import MODELS, PACKAGE
 
     if name not in MODELS:
         sys.exit(f"unknown model '{name}'; the bench's models are: {', '.join(MODELS)}")
@@ -42,7 +42,7 @@ def check_model(name):
 
 
 def model_and_inputs(name):
-    from torch_llga.bench_models import MODELS
+    from torch_llga.tools.bench_models import MODELS
 
     check_model(name)
     model, inputs = MODELS[name](1)
@@ -111,7 +111,7 @@ def per_call(rows, calls):
 
 def torch_llga_layers(args, verbose="profile_exec"):
     env = dict(os.environ, ONEDNN_VERBOSE=verbose)
-    cmd = [sys.executable, "-m", "torch_llga.layer_times", "--child", "--model", args.model,
+    cmd = [sys.executable, "-m", "torch_llga.tools.layer_times", "--child", "--model", args.model,
            "--calls", str(args.calls), "--threads", str(args.threads)]
     with tempfile.TemporaryFile() as verbose:
         out = subprocess.run(cmd, env=env, stdout=verbose, stderr=subprocess.PIPE, text=True)
@@ -142,7 +142,7 @@ def by_partition_kind(parts):
 
 
 def openvino_layers(args):
-    from torch_llga.bench import bench_import, openvino_config
+    from torch_llga.tools.bench import bench_import, openvino_config
 
     ov = bench_import("openvino")
     model, inputs = model_and_inputs(args.model)
@@ -180,7 +180,7 @@ def print_layers(title, layers, top):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m torch_llga.layer_times", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m torch_llga.tools.layer_times", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="mobilenet_v2")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
@@ -191,7 +191,7 @@ def main(argv=None):
     if args.child:
         return run_child(args)
 
-    from torch_llga.bench import cpu_name
+    from torch_llga.tools.bench import cpu_name
 
     check_model(args.model)  # before the children run
     if args.openvino:

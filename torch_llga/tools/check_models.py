@@ -1,7 +1,7 @@
 """Model sweep: each model traced and frozen with random weights (nothing downloaded), fused by
 torch_llga, and compared with eager.
 
-    python -m torch_llga.check_models [--models resnet18,gpt2] [--size 224] [--compile] [--markdown docs/models.md]
+    python -m torch_llga.tools.check_models [--models resnet18,gpt2] [--size 224] [--compile] [--markdown docs/models.md]
 
 With --compile each model runs as torch.compile(model, backend="torch_llga") instead (the groups
 column then counts the fused partitions one call executed, over all of Dynamo's graphs).
@@ -24,7 +24,9 @@ import warnings
 import torch
 
 import torch_llga
-from torch_llga import _optional, bench_models
+from torch_llga import _optional
+from torch_llga.tools import bench_models
+from torch_llga.tools.bench_models import informative
 from torch_llga.report import Explanation
 
 TORCHVISION = ["resnet18", "resnet50", "resnext50_32x4d", "wide_resnet50_2", "densenet121", "mobilenet_v2",
@@ -59,16 +61,6 @@ def make(name, size):
     if name == "vit_b_16":
         size = 224  # its position embedding fixes the input size
     return getattr(torchvision.models, name)(**kwargs).eval(), (torch.rand(1, 3, size, size),)
-
-
-def informative(model):
-    """Random init zeroes some heads (ViT's, for one), and then every output is 0 and any
-    comparison passes. Give such weights small random values so the outputs mean something."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2 and not p.any():
-                p.normal_(0, 0.02)
-    return model
 
 
 def check(name, size):
@@ -158,7 +150,7 @@ def code_version():
         if git("ls-files", "--error-unmatch", os.path.basename(__file__)).returncode != 0:
             return None
         commit = git("rev-parse", "--short=7", "HEAD").stdout.strip()
-        changed = git("diff", "--quiet", "HEAD", "--", "../csrc", ".").returncode != 0
+        changed = git("diff", "--quiet", "HEAD", "--", "../../csrc", "..").returncode != 0
         return commit + (" +changes" if changed else "") if commit else None
     except OSError:
         return None
@@ -186,7 +178,7 @@ def page(command, code, rows, skipped, compiled, size):
         + (" (vit_b_16 224x224)" if size != 224 else "") + ", transformers 128 tokens; the models past classifiers "
         "(segmentation at 256x256, detection backbone + FPN + heads at 320x320, a diffusion UNet on a 32x32 latent "
         "with 16 text tokens, Whisper's encoder on 3,000 frames, T5's encoder on 128 tokens) come from "
-        "`torch_llga.bench_models` as the benchmark builds them. Columns: "
+        "`torch_llga.tools.bench_models` as the benchmark builds them. Columns: "
         + ("the fused partitions one call executed, over all of Dynamo's graphs; the largest difference to eager and "
            "the largest output (the ops columns come from the TorchScript path only)" if compiled else
            "fusion groups in the optimized graph; aten ops fused inside groups / all ops of the optimized graph; the "
@@ -206,7 +198,7 @@ def page(command, code, rows, skipped, compiled, size):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m torch_llga.check_models", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torch_llga.tools.check_models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(TORCHVISION + TRANSFORMERS + BEYOND),
                         help="comma-separated, from: " + ", ".join(TORCHVISION + TRANSFORMERS + BEYOND))
@@ -240,7 +232,7 @@ def main(argv=None):
         if not ok:
             failed.append(name)
     if args.markdown:
-        command = shlex.join(["python", "-m", "torch_llga.check_models", *argv])
+        command = shlex.join(["python", "-m", "torch_llga.tools.check_models", *argv])
         with open(args.markdown, "w") as f:
             f.write(page(command, code, rows, skipped, args.compile, args.size))
     if failed:

@@ -3,8 +3,8 @@ and beside OpenVINO and ONNX Runtime (benchmark-only: pip install openvino onnxr
 pins them in requirements-bench.txt). Models from torchvision or transformers need that package; a
 model whose package is not installed is skipped, with a note saying what to install.
 
-    python -m torch_llga.bench [--models resnet50,lld6] [--backends ...] [--threads 2] [--out bench_out/run]
-    python -m torch_llga.bench --dtype int8 --models resnet50   # torch_llga vs FX convert_fx (x86) vs fp32
+    python -m torch_llga.tools.bench [--models resnet50,lld6] [--backends ...] [--threads 2] [--out bench_out/run]
+    python -m torch_llga.tools.bench --dtype int8 --models resnet50   # torch_llga vs FX convert_fx (x86) vs fp32
 
 Rounds are interleaved across backends so machine drift hits all alike. The times are medians over
 rounds; a "llga vs X" ratio is the median of the per-round ratios (X and torch_llga timed in the same
@@ -39,7 +39,7 @@ weights, per-channel weights), run as onnxruntime is; their differences are to t
 int8 run also lists each backend's drift from the fp32 model; --drift-inputs 1000 measures it over
 1,000 random inputs as well (max and mean abs difference, top-1 agreement).
 
-    python -m torch_llga.bench --dtype int8 --backends torchscript_fp32,fx_x86,torch_llga,pt2e_inductor,pt2e_llga
+    python -m torch_llga.tools.bench --dtype int8 --backends torchscript_fp32,fx_x86,torch_llga,pt2e_inductor,pt2e_llga
 
 torch_llga_no_plans: torch_llga with small-graph plans off (oneDNN groups only), to see what the
 plans change in the same run; torch_llga_no_own: its own kernels off (TORCH_LLGA_OWN_KERNELS=0:
@@ -64,7 +64,7 @@ import torch
 
 import torch_llga
 from torch_llga import _optional
-from torch_llga.bench_models import MODELS, PACKAGE
+from torch_llga.tools.bench_models import MODELS, PACKAGE
 
 BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
             "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "pt2e_llga_export", "openvino",
@@ -637,7 +637,7 @@ def plot(rows, backends, path):
 
 def main(argv=None):
     warnings.filterwarnings("ignore")  # the run's own output only (importing this module changes nothing)
-    parser = argparse.ArgumentParser(prog="python -m torch_llga.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torch_llga.tools.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,resnet18_64,mobilenet_v2,mobilenet_v3_large,vit_b_16,bert_base,"
                         "deep_and_wide,deep_and_wide_64,lld6,xml_cnn,mlp,conv3x3_512",

@@ -4,7 +4,7 @@ weight traffic in GB/s against the machine's memory bandwidth: a large read (the
 timed after each backend's rounds, and a STREAM-like copy, timed at the start.
 Needs transformers.
 
-    python -m torch_llga.bench_llm [--configs smollm2_135m,llama_1b] [--backends eager,torch_compile,openvino,torch_llga]
+    python -m torch_llga.tools.bench_llm [--configs smollm2_135m,llama_1b] [--backends eager,torch_compile,openvino,torch_llga]
                                    [--prompt 128] [--new-tokens 128] [--dtype fp32|bf16] [--rounds 3]
                                    [--openvino-python PATH]
 
@@ -29,7 +29,7 @@ import warnings
 import torch
 
 from torch_llga import _optional
-from torch_llga.bench_llm_openvino import FirstToken  # the openvino backend's script times the same way
+from torch_llga.tools.bench_llm_openvino import FirstToken  # the openvino backend's script times the same way
 
 CONFIGS = {  # the shapes of SmolLM2-135M and Llama-3.2-1B
     "smollm2_135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -117,7 +117,7 @@ def generate(model, ids, new_tokens):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m torch_llga.bench_llm", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torch_llga.tools.bench_llm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="smollm2_135m", help="comma-separated, from: " + ", ".join(CONFIGS))
     parser.add_argument("--backends", default=",".join(BACKENDS),
@@ -142,7 +142,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     bandwidth = memory_bandwidth_gbs()
-    from torch_llga.bench import cpu_name
+    from torch_llga.tools.bench import cpu_name
 
     print(f"{cpu_name()}; torch {torch.__version__}, {args.threads} threads, {args.dtype}, batch 1, prompt {args.prompt}, "
           f"{args.new_tokens} new tokens, greedy, static cache; medians of {args.rounds} rounds; "

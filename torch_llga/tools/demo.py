@@ -1,6 +1,6 @@
 """The main demo: ResNet-50 traced and frozen, fused by torch_llga, checked against eager, timed.
 
-    python -m torch_llga.demo [--model resnet50] [--runs 30]
+    python -m torch_llga.tools.demo [--model resnet50] [--runs 30]
 """
 import argparse
 import statistics
@@ -25,7 +25,7 @@ def median_ms(fn, x, runs):
 
 def main(argv=None):
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notes
-    parser = argparse.ArgumentParser(prog="python -m torch_llga.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torch_llga.tools.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet50", help="a torchvision model name")
     parser.add_argument("--runs", type=int, default=30)
