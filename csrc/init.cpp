@@ -100,6 +100,8 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("_choice_pins", &llga::choices::pins);
+  // For tests only: machine_busy() answers this (1 busy, 0 quiet) instead of /proc/stat (-1).
+  m.def("_test_machine_busy", &llga::choices::set_machine_busy_for_tests);
   m.def("_choices", [] {
     pybind11::list rows;
     for (const auto& r : llga::choices::records()) {

@@ -245,3 +245,24 @@ def test_pins_from_the_environment():
     env["TORCH_LLGA_CHOICES"] = "row_linear=fast"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "" and "TORCH_LLGA_CHOICES ignored: site 'row_linear' has no candidate 'fast'" in out.stderr
+
+
+def test_no_timing_while_the_machine_is_busy():
+    # More runnable threads than cores (/proc/stat): timings would measure the other work too. The
+    # default runs meanwhile, untimed; after 64 busy calls it is kept, and says why; values right.
+    model, x = ConvNet().eval(), torch.randn(1, 3, 24, 24)
+    torch_llga._C._test_machine_busy(1)
+    try:
+        since = last_seq()
+        fused = Fused(model, (x,))
+        before = torch_llga.stats()
+        for _ in range(10):
+            torch.testing.assert_close(fused(x), model(x), **FP32)
+        assert new_choices(since, "fusion_group") == []
+        assert torch_llga.stats()["executions"] - before["executions"] == 10 * len(fused.groups)
+        for _ in range(60):
+            fused(x)
+        made = new_choices(since, "fusion_group")
+        assert [(c["chosen"], c["how"]) for c in made] == [("onednn", "kept: machine busy")] * len(fused.groups), made
+    finally:
+        torch_llga._C._test_machine_busy(-1)

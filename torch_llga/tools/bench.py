@@ -49,6 +49,7 @@ oneDNN and PyTorch only); torch_llga_pinned: every measured choice pinned to its
 import argparse
 import contextlib
 import copy
+import dataclasses
 import importlib
 import json
 import math
@@ -66,15 +67,69 @@ import torch_llga
 from torch_llga import _optional
 from torch_llga.tools.bench_models import MODELS, PACKAGE
 
-BACKENDS = ["eager", "torchscript", "builtin_onednn", "torch_compile", "torch_llga", "torch_llga_compile", "fx_x86",
-            "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "pt2e_llga_export", "openvino",
-            "onnxruntime", "openvino_nncf", "onnxruntime_int8", "zentorch", "torch_llga_no_plans",
-            "torch_llga_no_own", "torch_llga_pinned"]
-INT8_ONLY = {"fx_x86", "torchscript_fp32", "torch_llga_fast", "pt2e_inductor", "pt2e_llga", "pt2e_llga_export",
-             "openvino_nncf", "onnxruntime_int8"}
-PT2E = {"pt2e_inductor", "pt2e_llga", "pt2e_llga_export"}  # run the PT2E-quantized model (torchao), not FX's
-OWN_INT8 = {"torchscript_fp32", "openvino_nncf", "onnxruntime_int8"}  # take the fp32 model (and quantize it themselves)
-NOT_DEFAULT = INT8_ONLY | {"torch_llga_no_plans", "torch_llga_no_own", "torch_llga_pinned"}  # asked for by name
+
+
+def _traced(model, inputs, dtype):
+    return torch.jit.freeze(torch.jit.trace(model, inputs))
+
+
+def _inductor(model, inputs, dtype):  # as PyTorch's CPU dashboard runs it: freezing on
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    return torch.compile(model)
+
+
+def _zentorch(model, inputs, dtype):  # AMD's ZenDNN plugin (benchmark extra), its documented recipe
+    bench_import("zentorch")
+    # Compiling rewrites the module's weights in place (eager calls of it then differ): a copy.
+    return torch.compile(copy.deepcopy(model), backend="zentorch", dynamic=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Way:
+    """One backend: how it prepares a model (model, inputs, dtype) -> callable, the state its calls
+    run in (a context manager factory), and which runs and which model it takes."""
+    prepare: object = _traced
+    switch: object = lambda: torch_llga.enabled(False)  # noqa: E731
+    int8_only: bool = False   # an int8 comparison: --dtype int8 only
+    default: bool = True      # in the default set of its dtype's run (else asked for by name)
+    pt2e: bool = False        # runs the PT2E-quantized model (torchao), not FX's
+    own_int8: bool = False    # takes the fp32 model (and quantizes it itself)
+    warmup_calls: int = 0     # untimed calls after the first two (a peer's documented recipe)
+
+
+WAYS = {
+    "eager": Way(prepare=lambda m, i, d: m),
+    "torchscript": Way(),
+    "builtin_onednn": Way(switch=lambda: BuiltinFuser()),
+    "torch_compile": Way(prepare=_inductor),
+    "torch_llga": Way(switch=torch_llga.enabled),
+    # torch_llga as a torch.compile backend (dynamo.py)
+    "torch_llga_compile": Way(prepare=lambda m, i, d: torch.compile(m, backend="torch_llga")),
+    "fx_x86": Way(int8_only=True),
+    "torchscript_fp32": Way(int8_only=True, own_int8=True),
+    "torch_llga_fast": Way(switch=torch_llga.enabled, int8_only=True),
+    # PyTorch's documented x86 int8 recipe: PT2E, then Inductor, frozen
+    "pt2e_inductor": Way(prepare=_inductor, int8_only=True, pt2e=True),
+    "pt2e_llga": Way(prepare=lambda m, i, d: torch.compile(m, backend="torch_llga"), int8_only=True, pt2e=True),
+    # the same model through torch.export and torch_llga.compile: no Dynamo per call
+    "pt2e_llga_export": Way(prepare=lambda m, i, d: torch_llga.compile(torch.export.export(m, tuple(i))),
+                            int8_only=True, pt2e=True),
+    "openvino": Way(prepare=lambda m, i, d: openvino_fn(m, i, d)),
+    "onnxruntime": Way(prepare=lambda m, i, d: onnxruntime_fn(m, i, d)),
+    "openvino_nncf": Way(prepare=lambda m, i, d: openvino_nncf_fn(m, i), int8_only=True, own_int8=True),
+    "onnxruntime_int8": Way(prepare=lambda m, i, d: onnxruntime_fn(m, i, d, quantize=True), int8_only=True, own_int8=True),
+    "zentorch": Way(prepare=_zentorch, warmup_calls=3),  # its recipe: five warm-up calls
+    "torch_llga_no_plans": Way(switch=lambda: without_small_plans(), default=False),
+    "torch_llga_no_own": Way(switch=lambda: llga_variant(env={"TORCH_LLGA_OWN_KERNELS": "0"}), default=False),
+    "torch_llga_pinned": Way(switch=lambda: llga_variant(pins="*=default"), default=False),
+}
+BACKENDS = list(WAYS)
+INT8_ONLY = {b for b, w in WAYS.items() if w.int8_only}
+PT2E = {b for b, w in WAYS.items() if w.pt2e}
+OWN_INT8 = {b for b, w in WAYS.items() if w.own_int8}
+NOT_DEFAULT = INT8_ONLY | {b for b, w in WAYS.items() if not w.default}  # asked for by name
 INT8_DEFAULT_BACKENDS = "torchscript_fp32,fx_x86,torch_llga"
 # Untimed calls before each sample, for this long: ONNX Runtime's worker threads spin 40-75 ms after
 # its last call (measured here), on a core the backend timed next needs (2x slower ResNet-18 calls).
@@ -88,58 +143,20 @@ class Backend:
         # more_inputs: input sets of other batch sizes (--batches), called in turn with `inputs`
         self.name, self.inputs, self.rotation = name, inputs, [inputs, *more_inputs]
         t0 = time.perf_counter()
+        way = WAYS[name]
         with torch.no_grad(), self.switch():
-            if name == "eager":
-                self.fn = model
-            elif name == "torch_compile":
-                import torch._inductor.config as inductor_config
-
-                inductor_config.freezing = True
-                self.fn = torch.compile(model)
-            elif name in ("torch_llga_compile", "pt2e_llga"):  # torch_llga as a torch.compile backend (dynamo.py)
-                self.fn = torch.compile(model, backend="torch_llga")
-            elif name == "pt2e_llga_export":  # the same model through torch.export and torch_llga.compile: no Dynamo per call
-                self.fn = torch_llga.compile(torch.export.export(model, tuple(inputs)))
-            elif name == "pt2e_inductor":  # PyTorch's documented x86 int8 recipe: PT2E, then Inductor, frozen
-                import torch._inductor.config as inductor_config
-
-                inductor_config.freezing = True
-                self.fn = torch.compile(model)
-            elif name == "zentorch":  # AMD's ZenDNN plugin (benchmark extra), its documented recipe
-                bench_import("zentorch")
-                # Compiling rewrites the module's weights in place (eager calls of it then differ): a copy.
-                self.fn = torch.compile(copy.deepcopy(model), backend="zentorch", dynamic=False)
-            elif name == "openvino":
-                self.fn = openvino_fn(model, inputs, dtype)
-            elif name == "onnxruntime":
-                self.fn = onnxruntime_fn(model, inputs, dtype)
-            elif name == "openvino_nncf":
-                self.fn = openvino_nncf_fn(model, inputs)
-            elif name == "onnxruntime_int8":
-                self.fn = onnxruntime_fn(model, inputs, dtype, quantize=True)
-            else:
-                self.fn = torch.jit.freeze(torch.jit.trace(model, inputs))
+            self.fn = way.prepare(model, inputs, dtype)
             self.output = self.fn(*inputs)  # profiling run (TorchScript) / compilation (Inductor)
             with fast_int8(name == "torch_llga_fast"):
                 self.output = self.fn(*inputs)  # optimization and first optimized run
             for other in more_inputs:  # each size twice: Dynamo's recompilation, new partitions
                 self.fn(*other), self.fn(*other)
-            for _ in range(3 if name == "zentorch" else 0):  # zentorch's recipe: five warm-up calls
+            for _ in range(way.warmup_calls):
                 self.fn(*inputs)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
 
     def switch(self):
-        if self.name in ("torch_llga", "torch_llga_fast"):
-            return torch_llga.enabled()
-        if self.name == "torch_llga_no_plans":
-            return without_small_plans()
-        if self.name == "torch_llga_no_own":
-            return llga_variant(env={"TORCH_LLGA_OWN_KERNELS": "0"})
-        if self.name == "torch_llga_pinned":
-            return llga_variant(pins="*=default")
-        if self.name == "builtin_onednn":
-            return BuiltinFuser()
-        return torch_llga.enabled(False)
+        return WAYS[self.name].switch()
 
     def time_ms(self, repeat, settle_ms=0):
         with torch.no_grad(), self.switch():

@@ -3,13 +3,14 @@
 // per-port structs the calls use (FusionKernel::Input, InPort, OutPort).
 #include "jit/codegen/onednn/runtime/fusion_kernel.h"
 
+#include <torch/csrc/jit/ir/ir.h>
 #include <ATen/ATen.h>
 #include <c10/util/strides.h>
 
 #include <algorithm>
 
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
-#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/mapping/llga_nodes.h"
 #include "jit/codegen/onednn/runtime/layouts.h"
 
 namespace llga {

@@ -1,6 +1,7 @@
 // The guards' run-time side (the pass that inserts them is guard_shapes.cpp): the llga::Guard
 // operator, which checks a group's inputs against what it was built for, and llga::AllFinite, the
 // NaN/Inf scan several guards share.
+#include <torch/csrc/jit/ir/ir.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
@@ -10,7 +11,8 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/mapping/dtypes.h"
-#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/mapping/llga_nodes.h"
+#include "jit/codegen/onednn/runtime/profiled_layout.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
 #include "jit/codegen/onednn/runtime/to_dense.h"
 

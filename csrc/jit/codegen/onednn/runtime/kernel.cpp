@@ -14,7 +14,8 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
-#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/mapping/llga_nodes.h"
+#include "jit/codegen/onednn/runtime/profiled_layout.h"
 #include "jit/codegen/onednn/runtime/channels_last_image.h"
 #include "jit/codegen/onednn/runtime/inplace.h"
 #include "onednn/pooled_qtensor.h"

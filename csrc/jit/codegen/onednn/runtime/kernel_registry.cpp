@@ -3,13 +3,14 @@
 // until exit).
 #include "jit/codegen/onednn/runtime/kernel_registry.h"
 
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/api/function_impl.h>
 
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/mapping/llga_nodes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
 
 namespace llga {

@@ -4,13 +4,14 @@
 // says which op keeps the group unfused at them.
 #include "jit/codegen/onednn/runtime/fusion_kernel.h"
 
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 
 #include <unordered_set>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
-#include "jit/codegen/onednn/passes/passes.h"
+#include "jit/codegen/onednn/mapping/llga_nodes.h"
 #include "jit/codegen/onednn/runtime/to_dense.h"
 
 namespace llga {

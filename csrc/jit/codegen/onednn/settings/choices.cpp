@@ -6,7 +6,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <cstdio>
 #include <ctime>
+#include <unistd.h>
 #include <deque>
 #include <sstream>
 #include <stdexcept>
@@ -139,6 +142,23 @@ std::vector<Record> records() {
 }
 
 int64_t measured_count() { return g_measured.load(std::memory_order_relaxed); }
+
+std::atomic<int> g_busy_for_tests{-1};
+
+void set_machine_busy_for_tests(int busy) { g_busy_for_tests.store(busy, std::memory_order_relaxed); }
+
+bool machine_busy() {
+  if (int forced = g_busy_for_tests.load(std::memory_order_relaxed); forced >= 0) return forced == 1;
+  static const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return false;  // not Linux's /proc: measure
+  char line[256];
+  long running = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "procs_running %ld", &running) == 1) break;
+  std::fclose(f);
+  return running > cores;
+}
 
 double now_ns() {
   return static_cast<double>(

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -47,7 +48,7 @@ struct Record {
   std::string subject;  // which group or op (its profiler name)
   std::string key;      // the sizes and dtypes
   std::string chosen;
-  std::string how;      // "measured", "pinned"
+  std::string how;      // "measured", "pinned", "kept: machine busy" (choices::machine_busy)
   std::vector<std::pair<std::string, double>> best_us;  // per candidate timed: its best time
   int64_t group_id = -1;
   int64_t seq = 0;  // set by record(): the order of all records
@@ -55,6 +56,15 @@ struct Record {
 void record(Record r);  // logged (">>choices") and kept (the last 10,000)
 std::vector<Record> records();
 int64_t measured_count();
+
+// Whether more threads are runnable now than the machine has cores (/proc/stat's procs_running):
+// another process's work would time in with a candidate's (an OpenMP region waits for its
+// descheduled thread: a 2-thread oneDNN group timed beside a compiler took 7 ms, 30x its own), so
+// no measurement is made then; the default runs and the measurement is tried again later.
+bool machine_busy();
+void set_machine_busy_for_tests(int busy);  // 1 or 0: machine_busy() says so; -1: /proc/stat again
+// How many calls a site tries to find the machine not busy before it keeps its default untimed.
+constexpr int kBusyTries = 64;
 
 // Nanoseconds of the steady clock, and of the calling thread's CPU.
 double now_ns();
@@ -88,11 +98,20 @@ class Chooser {
       note(key, describe, *p, "pinned", {});
       return run_candidate(*p);
     }
+    std::optional<size_t> known;
+    bool busy = false, give_up = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& [k, i] : decided_)
-        if (k == key) return run_candidate(i);
+        if (k == key) known = i;
+      if (!known && (busy = machine_busy())) {  // not now: the default, and another try at a later call
+        give_up = ++busy_tries_[key] >= kBusyTries;
+        if (give_up) decided_.emplace_back(key, 0);
+      }
     }
+    if (known) return run_candidate(*known);
+    if (give_up) note(key, describe, 0, "kept: machine busy", {});
+    if (busy) return run_candidate(0);
     const size_t n = site_.candidates.size();
     std::vector<double> best(n, 1e300);
     std::vector<std::optional<Result>> results(n);
@@ -136,6 +155,7 @@ class Chooser {
   const Site& site_;
   std::mutex mutex_;
   std::vector<std::pair<Key, size_t>> decided_, pinned_noted_;
+  std::map<Key, int> busy_tries_;
 };
 
 }  // namespace llga::choices
