@@ -87,6 +87,8 @@ PYBIND11_MODULE(_C, m) {
       d["default"] = s.candidates.front();
       d["margin"] = s.margin;
       d["margin_us"] = s.margin_ns / 1e3;
+      d["plain_margin"] = s.plain_margin;
+      d["plain_margin_us"] = s.plain_margin_ns / 1e3;
       d["what"] = s.what;
       rows.append(d);
     }
@@ -115,6 +117,8 @@ PYBIND11_MODULE(_C, m) {
       for (const auto& [name, us] : r.best_us) times[pybind11::str(name)] = us;
       d["best_us"] = times;
       d["group_id"] = r.group_id;
+      d["margin"] = r.margin;
+      d["margin_us"] = r.margin_ns / 1e3;
       d["seq"] = r.seq;
       rows.append(d);
     }

@@ -489,7 +489,7 @@ def test_bench_quantizes_a_model_that_computes_and_drops_a_value():
             self.act(self.pooler(h))  # computed, never read
             return h
 
-    from torch_llga import bench
+    from torch_llga.tools import bench
     x = torch.randn(2, 16)
     quantized = bench.quantized_pt2e(Dropping().eval(), (x,))
     assert not [n for n in quantized.graph.nodes if n.target is torch.ops.aten.tanh.default]

@@ -56,7 +56,8 @@ struct CompiledPartition {
   // Best times so far (under check_mutex): wall and the calling thread's CPU, fused and unfused.
   double fused_ns = 1e300, unfused_ns = 1e300, fused_cpu_ns = 1e300, unfused_cpu_ns = 1e300;
   int unfused_wins = 0;  // rounds PyTorch's ops won by the margin, on both clocks
-  int busy_calls = 0;    // checked calls that found the machine busy (choices::machine_busy): not timed
+  int busy_calls = 0;
+  double margin = 0, margin_ns = 0;  // the margin of the latest round (plain groups': the smaller)    // checked calls that found the machine busy (choices::machine_busy): not timed
   std::mutex check_mutex;
   std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
 };

@@ -57,7 +57,7 @@ void FusionKernel::run_checking_speed(CompiledPartition& c, const Inputs& inputs
     std::vector<std::pair<std::string, double>> times;
     if (c.fused_ns < 1e300) times = {{"onednn", c.fused_ns / 1e3}, {"pytorch", c.unfused_ns / 1e3}};
     choices::record({"fusion_group", profiler_name_, describe(inputs), unfused ? "pytorch" : "onednn", how, std::move(times),
-                     group_id_});
+                     group_id_, c.margin, c.margin_ns});
     if (unfused) {
       c.chosen_unfused = true;
       c.fallback = true;
@@ -93,7 +93,14 @@ void FusionKernel::run_checking_speed(CompiledPartition& c, const Inputs& inputs
   double middle = choices::now_ns(), middle_cpu = choices::thread_cpu_ns();
   execute(c, inputs, args, stack);
   double end = choices::now_ns(), end_cpu = choices::thread_cpu_ns();
-  auto faster_unfused = [&](double fused, double unfused) { return unfused * site.margin + site.margin_ns < fused; };
+  // A group of plain tensors only (none of its inputs an LLGA tensor, none of its outputs left in
+  // oneDNN's layout) hands the next op what its unfused ops would: the smaller margin.
+  bool plain = std::none_of(out_ports_.begin(), out_ports_.end(), [](const OutPort& o) { return o.opaque; }) &&
+               std::none_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && is_llga_tensor(t); });
+  const double margin = plain ? site.plain_margin : site.margin, margin_ns = plain ? site.plain_margin_ns : site.margin_ns;
+  c.margin = margin;
+  c.margin_ns = margin_ns;
+  auto faster_unfused = [&](double fused, double unfused) { return unfused * margin + margin_ns < fused; };
   c.unfused_wins += faster_unfused(end - middle, middle - start) && faster_unfused(end_cpu - middle_cpu, middle_cpu - start_cpu);
   c.unfused_ns = std::min(c.unfused_ns, middle - start);
   c.fused_ns = std::min(c.fused_ns, end - middle);

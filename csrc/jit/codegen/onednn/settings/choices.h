@@ -29,6 +29,10 @@ struct Site {
   // outputs staying in oneDNN's layout for the next group).
   double margin;
   double margin_ns;
+  // The margins where the candidates hand over the same plain tensors (a group none of whose inputs
+  // or outputs is in oneDNN's own layout: its linear and add against at::linear and at::add).
+  double plain_margin;
+  double plain_margin_ns;
   const char* what;  // one line for docs and errors
 };
 
@@ -51,6 +55,7 @@ struct Record {
   std::string how;      // "measured", "pinned", "kept: machine busy" (choices::machine_busy)
   std::vector<std::pair<std::string, double>> best_us;  // per candidate timed: its best time
   int64_t group_id = -1;
+  double margin = 0, margin_ns = 0;  // the margin the choice was made with
   int64_t seq = 0;  // set by record(): the order of all records
 };
 void record(Record r);  // logged (">>choices") and kept (the last 10,000)
@@ -62,7 +67,8 @@ int64_t measured_count();
 // descheduled thread: a 2-thread oneDNN group timed beside a compiler took 7 ms, 30x its own), so
 // no measurement is made then; the default runs and the measurement is tried again later.
 bool machine_busy();
-void set_machine_busy_for_tests(int busy);  // 1 or 0: machine_busy() says so; -1: /proc/stat again
+// 1 or 0: machine_busy() says so; -1: /proc/stat again (TORCH_LLGA_MACHINE_BUSY sets it at start-up).
+void set_machine_busy_for_tests(int busy);
 // How many calls a site tries to find the machine not busy before it keeps its default untimed.
 constexpr int kBusyTries = 64;
 
@@ -149,7 +155,8 @@ class Chooser {
       pinned_noted_.emplace_back(key, chosen);
     }
     auto [subject, described_key] = describe();
-    record({site_.name, std::move(subject), std::move(described_key), site_.candidates[chosen], how, std::move(times)});
+    record({site_.name, std::move(subject), std::move(described_key), site_.candidates[chosen], how, std::move(times), -1,
+            site_.margin, site_.margin_ns});
   }
 
   const Site& site_;
