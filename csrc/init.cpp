@@ -87,8 +87,6 @@ PYBIND11_MODULE(_C, m) {
       d["default"] = s.candidates.front();
       d["margin"] = s.margin;
       d["margin_us"] = s.margin_ns / 1e3;
-      d["plain_margin"] = s.plain_margin;
-      d["plain_margin_us"] = s.plain_margin_ns / 1e3;
       d["what"] = s.what;
       rows.append(d);
     }

@@ -9,8 +9,9 @@
 // oneDNN's and MKL's one-row kernels read) reaches about two thirds of that rate. x's rows stay
 // in L1 (as floats); each weight vector read is multiplied into every row of x. A bf16 weight is
 // widened as it is read and the sums are fp32, rounded to bf16 once (eager's bf16 linear sums in
-// fp32 too): half the bytes a weight, on CPUs without oneDNN bf16 kernels (with them oneDNN's
-// one-row bf16 matmuls are faster: RowLinears leaves bf16 linears to them).
+// fp32 too): half the bytes a weight. Whether it or PyTorch's linear runs (oneDNN's one-row bf16
+// matmuls, where it has bf16 kernels, were faster on some shapes) is measured at the first call of
+// each size (choice site row_linear).
 // Measured on a 2-core AMD EPYC Zen 3 guest (AVX2), 2 threads, 211 MB of [1536, 576] weights, one
 // row, medians of 21 interleaved runs: S = 4 streams 18.2 GB/s (torch.sum over the same bytes 18.3);
 // one stream 11.8, MKL's sgemv (torch.mv) 9.1; a decode MLP of such linears through oneDNN's

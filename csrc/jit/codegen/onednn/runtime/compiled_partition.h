@@ -57,7 +57,7 @@ struct CompiledPartition {
   double fused_ns = 1e300, unfused_ns = 1e300, fused_cpu_ns = 1e300, unfused_cpu_ns = 1e300;
   int unfused_wins = 0;  // rounds PyTorch's ops won by the margin, on both clocks
   int busy_calls = 0;
-  double margin = 0, margin_ns = 0;  // the margin of the latest round (plain groups': the smaller)    // checked calls that found the machine busy (choices::machine_busy): not timed
+  double margin = 0, margin_ns = 0;  // the margin the rounds were judged with    // checked calls that found the machine busy (choices::machine_busy): not timed
   std::mutex check_mutex;
   std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
 };

@@ -93,11 +93,7 @@ void FusionKernel::run_checking_speed(CompiledPartition& c, const Inputs& inputs
   double middle = choices::now_ns(), middle_cpu = choices::thread_cpu_ns();
   execute(c, inputs, args, stack);
   double end = choices::now_ns(), end_cpu = choices::thread_cpu_ns();
-  // A group of plain tensors only (none of its inputs an LLGA tensor, none of its outputs left in
-  // oneDNN's layout) hands the next op what its unfused ops would: the smaller margin.
-  bool plain = std::none_of(out_ports_.begin(), out_ports_.end(), [](const OutPort& o) { return o.opaque; }) &&
-               std::none_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && is_llga_tensor(t); });
-  const double margin = plain ? site.plain_margin : site.margin, margin_ns = plain ? site.plain_margin_ns : site.margin_ns;
+  const double margin = site.margin, margin_ns = site.margin_ns;
   c.margin = margin;
   c.margin_ns = margin_ns;
   auto faster_unfused = [&](double fused, double unfused) { return unfused * margin + margin_ns < fused; };

@@ -29,10 +29,6 @@ struct Site {
   // outputs staying in oneDNN's layout for the next group).
   double margin;
   double margin_ns;
-  // The margins where the candidates hand over the same plain tensors (a group none of whose inputs
-  // or outputs is in oneDNN's own layout: its linear and add against at::linear and at::add).
-  double plain_margin;
-  double plain_margin_ns;
   const char* what;  // one line for docs and errors
 };
 
