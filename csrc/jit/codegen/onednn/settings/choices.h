@@ -9,6 +9,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -144,7 +145,7 @@ class Chooser {
   template <typename Describe>
   void note(const Key& key, const Describe& describe, size_t chosen, const char* how,
             std::vector<std::pair<std::string, double>> times) {
-    if (std::string(how) == "pinned") {  // once per key and candidate
+    if (std::strcmp(how, "pinned") == 0) {  // once per key and candidate (no allocation per call)
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& [k, i] : pinned_noted_)
         if (k == key && i == chosen) return;
