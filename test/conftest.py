@@ -44,6 +44,15 @@ def small_plans_only_where_marked(request):
     torch_llga._C._set_small_plans(before)
 
 
+@pytest.fixture
+def groups_on_onednn():
+    """Groups pinned to oneDNN: a group's timed runs (its 2nd-4th, settings/choices.h) also run its
+    ops in PyTorch, copies and all, which tests that count copies must not see."""
+    torch_llga.pin_choices("fusion_group=onednn")
+    yield
+    torch_llga.pin_choices(None)
+
+
 class Fused:
     """A model traced (and frozen, if it is a module) with torch_llga on, run past profiling."""
 

@@ -456,7 +456,7 @@ def test_multi_head_self_attention_is_spelled_out():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
-def test_multi_head_self_attention_reads_its_projections_in_place(dtype):
+def test_multi_head_self_attention_reads_its_projections_in_place(dtype, groups_on_onednn):
     # At sizes oneDNN runs (not a small-graph plan's PyTorch ops), the attention's q, k and v are
     # the three projections' [B, L, H, D] memory, read with no copy. (Sizes with one square [L, D]
     # matrix, L == D, would be copied on AVX-512: quirk copy_interleaved_matmul_inputs.)
@@ -1182,7 +1182,7 @@ def attention_mask(kind, B, H, L):
 
 @pytest.mark.parametrize("L", [24, 16])  # 16: as many positions as the head's width (M == K)
 @pytest.mark.parametrize("mask", ["none", "bool_keys", "bool_square", "float_per_head", "float_per_sample"])
-def test_sdpa_of_transposed_projections_reads_them_in_place(mask, L):
+def test_sdpa_of_transposed_projections_reads_them_in_place(mask, L, groups_on_onednn):
     # BERT's attention: q, k and v each a projection's view(B, L, H, D).transpose(1, 2), dense but
     # not contiguous. The group's binary ops (scale, mask) read only the scores, so its matmuls read
     # the three views as they are: no copies (three a layer), and every mask broadcast still right,
