@@ -84,9 +84,10 @@ def test_fallback_policy_runs_new_sizes_unfused():
     assert delta(before, after, "compilations") == 0
 
 
-def test_shape_specific_group_falls_back():
-    # A reshape to the profiled sizes holds for them only: new sizes take the fallback, still correct.
-    # (Traced, the reshape's target sizes are constants: eager TorchScript keeps them too.)
+def test_shape_specific_group_compiles_for_new_sizes():
+    # A reshape's target was mapped for the profiled sizes (traced, it is a constant: eager
+    # TorchScript keeps it too). At new input sizes the group's ops are mapped again at the sizes
+    # they have there, and a partition compiled for them: no guard fallback, still right.
     def heads(a, b):
         return torch.matmul(a, b).transpose(1, 2).reshape(1, 16, 64)
 
@@ -96,13 +97,31 @@ def test_shape_specific_group_falls_back():
     with torch.no_grad():
         for _ in range(2):
             torch.testing.assert_close(fused(a, b[:, :, :, :8].contiguous().repeat(1, 1, 1, 2)),
-                                       heads(a, b[:, :, :, :8].repeat(1, 1, 1, 2)), **FP32)  # same sizes: fused
+                                       heads(a, b[:, :, :, :8].repeat(1, 1, 1, 2)), **FP32)  # same sizes
             b2 = torch.randn(1, 2, 16, 32)
-            torch.testing.assert_close(fused(a[:, :2], b2), heads(a[:, :2], b2), **FP32)  # new sizes: unfused
+            torch.testing.assert_close(fused(a[:, :2], b2), heads(a[:, :2], b2), **FP32)  # new sizes
     after = torch_llga.stats()
-    assert delta(before, after, "guard_failures") == 2  # the two calls with new sizes
-    assert delta(before, after, "executions") == 2
+    assert delta(before, after, "guard_failures") == 0
+    assert delta(before, after, "executions") == 4 and delta(before, after, "compilations") == 1
     assert delta(before, after, "kernel_fallbacks") == 0
+
+
+def test_shape_specific_group_reading_a_number_runs_unfused_at_new_sizes():
+    # A reshape whose target a size computed outside the group sets: the compiled partitions are
+    # keyed by the tensors' sizes alone, so at new sizes the group runs its ops unfused (right).
+    @torch.jit.script
+    def heads(a, b, n: int):
+        return torch.matmul(a, b).transpose(1, 2).reshape(n, 16, -1)
+
+    a, b = torch.randn(1, 4, 16, 16), torch.randn(1, 4, 16, 16)
+    fused = check(heads, a, b, 1, groups=SOME)
+    before = torch_llga.stats()
+    with torch.no_grad():
+        for n in (1, 2):
+            a2, b2 = torch.randn(2, 2, 16, 16), torch.randn(2, 2, 16, 16)
+            torch.testing.assert_close(fused(a2, b2, n), heads(a2, b2, n), **FP32)
+    after = torch_llga.stats()
+    assert delta(before, after, "guard_failures") == 0
 
 
 class PooledHead(nn.Module):
@@ -120,8 +139,8 @@ class PooledHead(nn.Module):
 
 def test_spatial_size_specific_groups_compile_other_batch_sizes():
     # A server pads batches to a few sizes and warms each up: a group whose pooling was mapped for
-    # the profiled H and W compiles for another batch size as any group does (no guard fallback);
-    # another H or W takes the fallback, still right.
+    # the profiled H and W compiles for another batch size as any group does (no guard fallback),
+    # one partition for every batch size; another H or W maps the pooling again, for them.
     model = PooledHead().eval()
     fused = check(model, torch.randn(1, 3, 16, 16), groups=SOME)
     assert any("adaptive_avg_pool2d" in g for g in fused.groups) and any("max_pool2d" in g for g in fused.groups)
@@ -129,7 +148,13 @@ def test_spatial_size_specific_groups_compile_other_batch_sizes():
     assert delta(before, after, "guard_failures") == 0
     assert delta(before, after, "executions") == 2 * 3 * len(fused.groups)
     before, after = calls_match_eager(model, fused, [torch.randn(2, 3, 20, 20)])
-    assert delta(before, after, "guard_failures") > 0
+    assert delta(before, after, "guard_failures") == 0 and delta(before, after, "kernel_fallbacks") == 0
+    assert delta(before, after, "executions") == 2 * len(fused.groups)
+    # 9 x 31 pools to 5 x 16, which no oneDNN pooling takes to 2 x 2 (windows of unequal sizes):
+    # that group runs its ops unfused at these sizes, the others fused.
+    before, after = calls_match_eager(model, fused, [torch.randn(1, 3, 9, 31)])
+    assert delta(before, after, "guard_failures") == 0 and delta(before, after, "kernel_fallbacks") == 2
+    assert delta(before, after, "executions") == 2 * (len(fused.groups) - 1)
 
 
 @pytest.mark.parametrize("capacity", [64, 8])

@@ -44,24 +44,6 @@ using torch::jit::Block;
 
 namespace {
 
-// Which input sizes the group's partition holds for (the guard's kShapeFree): any of the profiled
-// ranks if no op in it was mapped for the profiled sizes only (FuseGraph recorded which were); any
-// batch size if those ops were mapped for their spatial sizes only (a pooling's windows) and no op
-// moves the inputs' dims around (a view, a reshape, a transpose: then an input's dim 0 could become
-// another dim of such an op's input); else the profiled sizes only.
-int64_t shape_free(const Node* group) {
-  bool specific = false, spatial_only = true, dims_kept = true;
-  for (const Node* n : group->g(c10::attr::Subgraph)->nodes()) {
-    if (n->hasAttribute(kShapeSpecific)) {
-      specific = true;
-      spatial_only &= n->i(kShapeSpecific) == kSpatialSizes;
-    }
-    dims_kept &= !(kind_flags(n->kind()) & kView);
-  }
-  if (!specific) return kAnySizes;
-  return spatial_only && dims_kept ? kOtherBatchSizes : 0;
-}
-
 // Whether NaN/Inf inputs must be kept from the group: some op in it may turn them into numbers.
 bool needs_finite_inputs(const Node* group) {
   for (const Node* n : group->g(c10::attr::Subgraph)->nodes()) {
@@ -124,7 +106,10 @@ Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritte
   Node* guard = g->create(kGuard, checked, checked.size() + 1)->insertBefore(group);
   guard->tys_(c10::attr::types, types);
   bool plan = group->kind() == kSmallPlan;  // exact sizes, dense memory; its loops keep NaN as eager does
-  guard->i_(kShapeFree, plan ? 0 : shape_free(group));
+  // A group's partition holds for any sizes of the profiled ranks: an op mapped for its profiled
+  // sizes (a reshape's target, a pooling's windows) is mapped again at new ones, the partition
+  // made for them (FusionKernel::maps_at). A small plan is compiled for the profiled sizes.
+  guard->i_(kShapeFree, plan ? 0 : kAnySizes);
   guard->i_(kFiniteInputs, !plan && needs_finite_inputs(group));
   if (plan) guard->i_(kPlainInputs, 1);
   std::vector<int64_t> given;

@@ -59,7 +59,11 @@ class FusionKernel {
   std::shared_ptr<CompiledPartition> compile(const Inputs& inputs, c10::ArrayRef<c10::IValue> args);
   // The group as an int8 convolution or matmul primitive for these inputs (at the profiled sizes), or null.
   std::shared_ptr<CompiledPartition> compile_int8(const Inputs& inputs);
-  bool maps_at(c10::ArrayRef<c10::IValue> args);
+  // How the group's ops map at other sizes than profiled (new_sizes.cpp).
+  enum class AtSizes { kUnfused, kAnySizes, kTheseSizes };
+  struct Partition;
+  AtSizes maps_at(c10::ArrayRef<c10::IValue> args, std::shared_ptr<torch::jit::Graph>* sized);
+  std::unique_ptr<Partition> partition_at(torch::jit::Graph& sized);
   void run_fallback(torch::jit::Stack& stack);
   void run_unfused_by_choice(torch::jit::Stack& stack);
 

@@ -118,7 +118,16 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
   }
   if (int8_ && profiled_sizes)
     if (auto own = compile_int8(inputs)) return own;
-  const Partition* part = profiled_sizes ? &profiled_ : maps_at(args) ? any_sizes() : nullptr;
+  const Partition* part = &profiled_;
+  std::unique_ptr<Partition> at_these_sizes;  // needed until compiled only
+  if (!profiled_sizes) {
+    std::shared_ptr<torch::jit::Graph> sized;
+    switch (maps_at(args, &sized)) {
+      case AtSizes::kUnfused: part = nullptr; break;
+      case AtSizes::kAnySizes: part = any_sizes(); break;
+      case AtSizes::kTheseSizes: at_these_sizes = partition_at(*sized); part = at_these_sizes.get(); break;
+    }
+  }
   if (!part) {
     GRAPH_DEBUG("No partition of the group compiles for other sizes; running it unfused:\n", *subgraph_);
     c->fallback = true;

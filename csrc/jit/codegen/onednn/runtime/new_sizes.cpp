@@ -1,12 +1,14 @@
 // A group at input sizes the fuser never saw (shape policy "compile"): the partition for any sizes
-// of the profiled ranks, and whether each of the group's ops still maps to oneDNN at the new sizes
-// (the op table judges some ops by their sizes). GRAPH_DEBUG (PYTORCH_JIT_LOG_LEVEL=">>new_sizes")
-// says which op keeps the group unfused at them.
+// of the profiled ranks, or, where an op was mapped for its profiled sizes (a reshape's target, a
+// pooling's windows), a partition mapped again at the new ones; and whether each of the group's
+// ops still maps to oneDNN at them (the op table judges some ops by their sizes). GRAPH_DEBUG
+// (PYTORCH_JIT_LOG_LEVEL=">>new_sizes") says which op keeps the group unfused at them.
 #include "jit/codegen/onednn/runtime/fusion_kernel.h"
 
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
@@ -27,6 +29,13 @@ bool same_spatial_sizes(const Value* now, const Value* then) {
   return sa && sb && sa->size() == sb->size() && sa->size() >= 2 && std::equal(sa->begin() + 2, sa->end(), sb->begin() + 2);
 }
 
+// v's sizes in `now` and `then` agree.
+bool same_sizes(const Value* now, const Value* then) {
+  auto a = now->type()->cast<torch::jit::TensorType>(), b = then->type()->cast<torch::jit::TensorType>();
+  auto sa = a ? a->sizes().concrete_sizes() : std::nullopt, sb = b ? b->sizes().concrete_sizes() : std::nullopt;
+  return sa && sb && *sa == *sb;
+}
+
 }  // namespace
 
 // The fuser partitioned the block for the profiled sizes; a partition for any sizes of the same
@@ -45,12 +54,13 @@ const FusionKernel::Partition* FusionKernel::any_sizes() {
   return any_sizes_.get();
 }
 
-// Whether every op of the group maps to oneDNN at the sizes of these arguments as it did at the
-// profiled ones. The op table keeps some ops from oneDNN at some sizes only (onednn_quirks.h: a
-// broadcast oneDNN computes wrongly), and the partition for any sizes of the profiled ranks would
-// otherwise run them at sizes the fuser never saw. The group's ops run once, unfused, to learn the
-// sizes of every value; the op table then judges each op at them. Once per new input sizes.
-bool FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args) {
+// How the group runs at the sizes of these arguments. The op table keeps some ops from oneDNN at
+// some sizes only (onednn_quirks.h: a broadcast oneDNN computes wrongly), and the partition for any
+// sizes of the profiled ranks would otherwise run them at sizes the fuser never saw. The group's
+// ops run once, unfused, to learn the sizes of every value; the op table then judges each op at
+// them. An op mapped for its profiled sizes that has others now makes the group's partition for
+// these sizes only: `sized` is the subgraph with them. Once per new input sizes.
+FusionKernel::AtSizes FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args, std::shared_ptr<torch::jit::Graph>* sized) {
   auto g = subgraph_->copy();
   std::vector<Value*> made;
   for (Node* n : g->nodes())
@@ -67,38 +77,61 @@ bool FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args) {
     torch::jit::InterpreterState(code).run(stack);
   } catch (const std::exception& e) {  // the caller's fallback run raises it where eager would
     GRAPH_DEBUG("The group's ops failed on these inputs (", e.what(), ")");
-    return false;
+    return AtSizes::kUnfused;
   }
   for (size_t k = 0; k < made.size(); ++k)
     if (stack[first + k].isTensor()) made[k]->setType(torch::jit::TensorType::create(stack[first + k].toTensor()));
+  while (g->outputs().size() > first) g->eraseOutput(g->outputs().size() - 1);
   std::unordered_set<const Node*> members;
   for (const Node* n : g->nodes()) members.insert(n);
   // An op mapped for its profiled spatial sizes (kSpatialSizes: a pooling's windows) holds at another
-  // batch size only. The guard lets only the inputs' dim 0 change, but a broadcast operand of lower
-  // rank could carry a changed dim into the op's spatial ones ([H, W] added to [N, C, 1, W] before a
-  // pool in one group; no oneDNN pattern fuses a binary op into a pooling's input today).
+  // batch size only (the partition for any sizes keeps its windows); one mapped for all its profiled
+  // sizes (a reshape's target) holds at those only. Where one's sizes changed, the group's
+  // partition is made for these sizes. Not where the group reads a number (a size an op of another
+  // group computed): the compiled partitions are keyed by the tensors' sizes alone.
+  bool these_sizes = false;
   auto profiled = subgraph_->nodes().begin();
   for (const Node* n : g->nodes()) {
     const Node* p = *profiled++;
-    if (n->hasAttribute(kShapeSpecific) &&
-        !(same_spatial_sizes(n->input(0), p->input(0)) && same_spatial_sizes(n->output(0), p->output(0)))) {
-      GRAPH_DEBUG("At these input sizes ", n->kind().toQualString(), " (mapped for its profiled spatial sizes) has others: "
-                  "the group runs unfused for them");
-      return false;
-    }
+    if (!n->hasAttribute(kShapeSpecific)) continue;
+    bool holds = n->i(kShapeSpecific) == kSpatialSizes
+                     ? same_spatial_sizes(n->input(0), p->input(0)) && same_spatial_sizes(n->output(0), p->output(0))
+                     : same_sizes(n->input(0), p->input(0)) && same_sizes(n->output(0), p->output(0));
+    these_sizes |= !holds;
+  }
+  if (these_sizes && !std::all_of(args.begin(), args.end(), [](const c10::IValue& a) { return a.isTensor(); })) {
+    GRAPH_DEBUG("At these input sizes an op mapped for its profiled sizes has others, and the group reads a number: "
+                "the group runs unfused for them");
+    return AtSizes::kUnfused;
   }
   const quirks::ValuesOnly values_only;  // a speed rule does not send a fused group unfused
   for (const Node* n : g->nodes()) {
     if (is_binary_op(n) && quirks::wrong_in_partition(n, members)) {
       GRAPH_DEBUG("At these input sizes oneDNN computes ", n->kind().toQualString(), " wrongly as a post-op: the group runs unfused for them");
-      return false;
+      return AtSizes::kUnfused;
     }
     if (!find_entry(n) || map_node(n)) continue;
     GRAPH_DEBUG("At these input sizes ", n->kind().toQualString(), " stays out of oneDNN (", unmapped_reason(n),
                 "): the group runs unfused for them");
-    return false;
+    return AtSizes::kUnfused;
   }
-  return true;
+  if (!these_sizes) return AtSizes::kAnySizes;
+  *sized = std::move(g);
+  return AtSizes::kTheseSizes;
+}
+
+// The group's partition mapped at the sizes of `sized` (maps_at), or null if it forms another one.
+std::unique_ptr<FusionKernel::Partition> FusionKernel::partition_at(torch::jit::Graph& sized) {
+  auto gp = subgraph_partition(sized, /*ranks_only=*/false);
+  if (!gp || !same_ports(*gp, *ports_)) {
+    GRAPH_DEBUG("Mapped at these input sizes the group forms another partition: it runs unfused for them");
+    return nullptr;
+  }
+  auto p = std::make_unique<Partition>();
+  p->partition = gp->partition;
+  for (const auto& lt : gp->partition.get_input_ports()) p->in_ids.push_back(lt.get_id());
+  for (const auto& lt : gp->partition.get_output_ports()) p->out_ids.push_back(lt.get_id());
+  return p;
 }
 
 }  // namespace llga
