@@ -68,6 +68,7 @@ PYBIND11_MODULE(_C, m) {
     d["evictions"] = s.evictions.load();
     d["plan_runs"] = s.plan_runs.load();
     d["plan_compilations"] = s.plan_compilations.load();
+    d["plan_misses"] = s.plan_misses.load();
     d["cached_partitions"] = s.cached_partitions.load();
     d["kept_buffer_bytes"] = llga::onednn::kept_buffer_bytes();
     d["slow_partitions"] = s.slow_partitions.load();

@@ -29,5 +29,7 @@ def test_three_minutes_of_mixed_traffic(tmp_path):
     assert soak["wrong"] == 0 and soak["errors"] == 0, run.stderr[-3000:]
     assert soak["calls"] > 1000 and soak["executions"] > soak["calls"]  # fused, every model
     assert soak["reloads"] >= 5 and soak["kernel_fallbacks"] == 0 and soak["stats_consistent"]
+    # Groups compile for every size the traffic brings, a reshape's and a pooling's too.
+    assert soak["guard_failures"] <= 0.01 * soak["calls"], soak
     assert soak["slope_mb_per_min"] <= 20, soak
     assert run.returncode == 0, run.stderr[-3000:]

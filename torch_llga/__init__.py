@@ -189,6 +189,8 @@ def stats():
     alive now (they go with their module);
     plan_runs: calls of small-graph plans (a whole graph of tiny tensors run as one native step);
     plan_compilations: small-graph plans compiled (one per plan);
+    plan_misses: calls with other inputs than a plan was compiled for (its profiled sizes): they run
+    the graph as the executor profiles it again for them, fused by groups of any sizes;
     kept_buffer_bytes: memory of freed oneDNN buffers and LLGA tensors kept for the next call
     (at most buffer_pool_limit(); release() gives it back);
     to_dense_compilations: reorders compiled to hand LLGA tensors to PyTorch's ops (a fallback

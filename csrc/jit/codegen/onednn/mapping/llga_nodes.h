@@ -26,15 +26,16 @@ inline const c10::Symbol kGuardedInputs = c10::Symbol::attr("guarded_inputs");
 inline const c10::Symbol kGroupId = c10::Symbol::attr("group_id");
 // Attribute of an op the fuser left to PyTorch: why (torch_llga.explain() reads it).
 inline const c10::Symbol kUnfusedReason = c10::Symbol::attr("llga_unfused");
-// Attribute of a node the fuser mapped for the profiled sizes only (a reshape to them, say): its
-// group cannot be compiled for other sizes (recorded where the mapping is decided: FuseGraph).
-// kAllSizes, or kSpatialSizes: for its input's dims 2.. only (another batch size is any new size).
+// Attribute of a node the fuser mapped for the profiled sizes only (a reshape to them, say): at
+// other sizes its group's partition is mapped again (FusionKernel::maps_at; recorded where the
+// mapping is decided: FuseGraph). kAllSizes, or kSpatialSizes: for its input's dims 2.. only
+// (another batch size keeps the partition for any sizes).
 inline const c10::Symbol kShapeSpecific = c10::Symbol::attr("llga_shape_specific");
 inline constexpr int64_t kAllSizes = 1, kSpatialSizes = 2;
 // Attribute of a guard: its group may be compiled for other input sizes of the same ranks
-// (kAnySizes), for other sizes of the inputs' dim 0 only (kOtherBatchSizes), or not (0).
+// (kAnySizes), or not (0: a small plan).
 inline const c10::Symbol kShapeFree = c10::Symbol::attr("shape_free");
-inline constexpr int64_t kAnySizes = 1, kOtherBatchSizes = 2;
+inline constexpr int64_t kAnySizes = 1;
 // On a guard: its group's inputs must hold no NaN/Inf (scanned at run time); see kKeepsNaN.
 inline const c10::Symbol kFiniteInputs = c10::Symbol::attr("finite_inputs");
 // On a guard: per checked input, -1 (scan it, unless it is an LLGA tensor: a group that scanned its

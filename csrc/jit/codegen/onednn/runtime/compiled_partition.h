@@ -46,6 +46,11 @@ struct CompiledPartition {
   // post-op accumulates into the added tensor's buffer instead of copying it to the output first.
   std::vector<std::pair<size_t, size_t>> inplace;
 
+  // The bytes of the frozen weights it reads, which oneDNN's constant cache keeps a reordered copy
+  // of for this compilation (one per input size: runtime.h, constants_alive): reported alive when
+  // compiled, dropped with it (a dropped module, an eviction, release()).
+  size_t constant_bytes = 0;
+
   // Run the unfused subgraph instead: oneDNN could not compile this, or the measured choice
   // (speed_check.cpp) found PyTorch running the group's ops faster (set while other threads read it).
   std::atomic<bool> fallback{false};
@@ -56,8 +61,8 @@ struct CompiledPartition {
   // Best times so far (under check_mutex): wall and the calling thread's CPU, fused and unfused.
   double fused_ns = 1e300, unfused_ns = 1e300, fused_cpu_ns = 1e300, unfused_cpu_ns = 1e300;
   int unfused_wins = 0;  // rounds PyTorch's ops won by the margin, on both clocks
-  int busy_calls = 0;
-  double margin = 0, margin_ns = 0;  // the margin the rounds were judged with    // checked calls that found the machine busy (choices::machine_busy): not timed
+  int busy_calls = 0;  // checked calls that found the machine busy (choices::machine_busy): not timed
+  double margin = 0, margin_ns = 0;  // the margin the rounds were judged with
   std::mutex check_mutex;
   std::mutex execute_mutex;  // a compiled partition must not execute on two threads at once
 };

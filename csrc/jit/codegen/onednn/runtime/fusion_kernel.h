@@ -76,10 +76,9 @@ class FusionKernel {
   std::string profiler_name_;
   size_t num_inputs_ = 0;
   bool whole_fallback_ = false;  // the partition does not fit the group (see bind)
-  size_t constant_bytes_ = 0;    // of the weights it reads: what oneDNN's constant cache keeps of it (runtime.h)
-  // Whether they were reported alive: once a oneDNN Graph partition of the group compiles (an int8
-  // primitive keeps its own copy, freed with it: none in the cache).
-  std::atomic<bool> constants_reported_{false};
+  // Of the weights it reads: what oneDNN's constant cache keeps of each compiled partition
+  // (runtime.h; an int8 primitive keeps its own copy, freed with it: none in the cache).
+  size_t constant_bytes_ = 0;
 
   // A partition with its port ids, in the order of in_ports_ and out_ports_.
   struct Partition {

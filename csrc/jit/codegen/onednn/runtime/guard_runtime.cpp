@@ -4,6 +4,7 @@
 #include <torch/csrc/jit/ir/ir.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
@@ -63,18 +64,21 @@ Expected expected_of(const torch::jit::TensorTypePtr& type) {
   return e;
 }
 
-// sizes: kAnySizes (any of the expected rank), kOtherBatchSizes (the expected ones but dim 0), else exact.
+// "[2, 3] Float strided [3, 1]" (an LLGA tensor: its dense sizes), for the guard's log.
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  if (is_llga_tensor(t)) return c10::str(t.sizes(), " ", t.scalar_type(), " in oneDNN's layout");
+  return c10::str(t.sizes(), " ", t.scalar_type(), " strides ", t.strides(), t.requires_grad() ? " requiring grad" : "");
+}
+
+// sizes: kAnySizes (any of the expected rank), else exact.
 bool matches(const at::Tensor& t, const Expected& expected, int64_t sizes, bool plain) {
   if (!t.defined() || t.scalar_type() != expected.dtype || t.device() != expected.device) return false;
   if (plain && (is_llga_tensor(t) || !t.has_storage())) return false;  // a plan reads the memory itself
   if (!is_llga_tensor(t) && !plain_memory(t)) return false;
   if (at::GradMode::is_enabled() && t.requires_grad()) return false;
   if (sizes == kAnySizes) return t.dim() == expected.dim && t.numel() > 0;
-  if (!expected.sizes) return false;
-  c10::IntArrayRef want(*expected.sizes);
-  if (sizes == kOtherBatchSizes && t.dim() >= 1 && t.dim() == expected.dim)
-    return t.numel() > 0 && t.sizes().slice(1) == want.slice(1);
-  return t.sizes() == want;
+  return expected.sizes && t.sizes() == c10::IntArrayRef(*expected.sizes);
 }
 
 // Any Inf or NaN (exponent all ones) among n values of this bit width? Adding one to the exponent
@@ -182,7 +186,12 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
     auto inputs = torch::jit::last(stack, n + extra);
     int64_t sizes = runtime::shape_policy() == runtime::ShapePolicy::kCompile ? shape_free : 0;
     bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = matches(inputs[i].toTensor(), expected[i], sizes, plain);
+    for (size_t i = 0; i < n && ok; ++i) {
+      ok = matches(inputs[i].toTensor(), expected[i], sizes, plain);
+      if (!ok)  // which input, for PYTORCH_JIT_LOG_LEVEL=">>guard_runtime"
+        GRAPH_DEBUG("Guard: input ", i, " (", describe(inputs[i].toTensor()), ") is not the profiled ", *expected[i].type,
+                    sizes == kAnySizes ? " (any sizes of its rank)" : "", ": the group's ops run unfused");
+    }
     if (ok && finite_inputs) {
       for (size_t i = 0; i < n && ok; ++i)
         ok = given[i] == kNotScanned ||
@@ -191,7 +200,10 @@ torch::jit::Operation make_guard(const torch::jit::Node* node) {
     }
     torch::jit::drop(stack, extra);
     if (!ok) {
-      runtime::stats().guard_failures.fetch_add(1, std::memory_order_relaxed);
+      // A plan's fallback is the graph the executor profiles again for these inputs and fuses by
+      // groups of any sizes (no small plan then: the profile's sizes vary): a miss, not a fallback
+      // to unfused ops (an MLP profiled at batch 1 ran at batch 8 as fast as one profiled there).
+      (plain ? runtime::stats().plan_misses : runtime::stats().guard_failures).fetch_add(1, std::memory_order_relaxed);
       // The fallback runs PyTorch ops: no LLGA tensor may reach them, nor a channels-last one
       // where eager's is NCHW (in_profiled_layout).
       for (size_t i = 0; i < n; ++i)

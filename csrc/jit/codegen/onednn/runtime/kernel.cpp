@@ -72,7 +72,10 @@ dnnl::graph::compiled_partition compile_retrying_with_strided_outputs(const dnnl
 }  // namespace
 
 CompiledPartition::CompiledPartition() { runtime::stats().cached_partitions.fetch_add(1, std::memory_order_relaxed); }
-CompiledPartition::~CompiledPartition() { runtime::stats().cached_partitions.fetch_sub(1, std::memory_order_relaxed); }
+CompiledPartition::~CompiledPartition() {
+  runtime::stats().cached_partitions.fetch_sub(1, std::memory_order_relaxed);
+  if (constant_bytes) runtime::constants_dropped(constant_bytes);
+}
 
 FusionKernel::FusionKernel(const torch::jit::Node* node)
     : subgraph_(node->g(c10::attr::Subgraph)),
@@ -97,7 +100,6 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
 
 FusionKernel::~FusionKernel() {
   unregister_kernel(group_id_, this);
-  if (constants_reported_) runtime::constants_dropped(constant_bytes_);
 }
 
 void FusionKernel::release() {
@@ -164,7 +166,8 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
   try {
     runtime::stats().compilations.fetch_add(1, std::memory_order_relaxed);
     c->partition = compile_retrying_with_strided_outputs(part->partition, inputs_lt, outputs);
-    if (!constants_reported_.exchange(true)) runtime::constants_alive(constant_bytes_);  // the cache takes them now
+    c->constant_bytes = constant_bytes_;  // the cache takes a copy of them now
+    runtime::constants_alive(constant_bytes_);
     for (const auto& lt : inputs_lt) c->in.push_back({lt, dnnl::graph::tensor(lt, runtime::engine(), nullptr), nullptr});
     for (size_t p = 0; p < out_ids.size(); ++p) {
       CompiledPartition::Out o;

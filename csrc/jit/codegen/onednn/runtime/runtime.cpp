@@ -54,12 +54,13 @@ void flush_constant_cache() {
 namespace {
 // oneDNN 3.12 never removes one entry of the constant cache: a reordered weight stays until the
 // cache is emptied whole, also after its compiled partition and the weight itself are gone (its
-// key holds the partition's id and the weight's address, neither seen again). So kernels report
-// the bytes of their constant inputs as they are made and destroyed, and once the destroyed ones
-// reach the live ones (and kFlushAfterDeadBytes) the cache is emptied at the next compilation
-// (never in a destructor: one may run at exit, after oneDNN's own statics are gone). The dropped
-// weights it keeps stay about the live ones' size (more where a group caches a weight per input
-// size), and each live group reorders its weights once more: at most the dropped weights' worth.
+// key holds the partition's id and the weight's address, neither seen again). So compiled
+// partitions report the bytes of their constant inputs as they are compiled and destroyed (each
+// compilation, one per input size, caches its own copy: a model reloaded with 16 sizes a group
+// left 16 copies), and once the destroyed ones reach the live ones (and kFlushAfterDeadBytes) the
+// cache is emptied at the next compilation (never in a destructor: one may run at exit, after
+// oneDNN's own statics are gone). The dropped weights it keeps stay about the live ones' size, and
+// each live compilation reorders its weights once more: at most the dropped weights' worth.
 // The flushed buffers go to the buffer pool (not trimmed: the live groups' reorders take them).
 constexpr size_t kFlushAfterDeadBytes = size_t(4) << 20;
 std::mutex g_constants_mutex;

@@ -59,13 +59,14 @@ struct Stats {
   std::atomic<int64_t> executions{0};     // fused partition executions
   std::atomic<int64_t> compilations{0};   // partitions compiled (one per group and input layout)
   std::atomic<int64_t> partitionings{0};  // graphs oneDNN partitioned (one per block the fuser sees)
-  std::atomic<int64_t> guard_failures{0}; // calls that took the unfused fallback: inputs differed from the profile
+  std::atomic<int64_t> guard_failures{0}; // calls that took a group's unfused fallback: inputs differed from the profile
   std::atomic<int64_t> kernel_fallbacks{0};  // calls a kernel ran unfused because oneDNN could not compile
   std::atomic<int64_t> nonfinite_fallbacks{0};  // guard failures because an input held NaN or Inf
   std::atomic<int64_t> inplace_outputs{0};    // outputs computed in an input's memory (a residual add's)
   std::atomic<int64_t> evictions{0};          // compiled partitions dropped by a full cache
   std::atomic<int64_t> plan_runs{0};          // calls of small-graph plans (llga::SmallPlan)
   std::atomic<int64_t> plan_compilations{0};  // small-graph plans compiled (one per plan)
+  std::atomic<int64_t> plan_misses{0};  // calls at other inputs than a plan's: the graph's version fused by groups ran
   std::atomic<int64_t> cached_partitions{0};  // compiled partitions alive now (freed with their module)
   std::atomic<int64_t> unfused_by_choice{0};  // calls of groups whose measured (or pinned) choice is PyTorch's ops
   std::atomic<int64_t> slow_partitions{0};    // compiled partitions run unfused: far slower than PyTorch (speed_check.cpp)
