@@ -16,6 +16,7 @@
 #include "jit/codegen/onednn/settings/choices.h"
 #include "build_info.h"
 #include "onednn/buffer_pool.h"
+#include "onednn/cpu_features.h"
 #include "onednn/torch_onednn.h"
 #include "script_door.h"
 #include "state_snapshot.h"
@@ -229,6 +230,15 @@ PYBIND11_MODULE(_C, m) {
     d["isa"] = cpu.isa;
     d["int8_vnni"] = cpu.int8_vnni;
     d["bf16"] = cpu.bf16;
+    return d;
+  });
+  m.def("_cpu_features", [] {  // what the own kernels can run here (onednn/cpu_features.h)
+    const auto& f = llga::cpu_features();
+    pybind11::dict d;
+    d["avx2_fma"] = f.avx2_fma;
+    d["avx512"] = f.avx512;
+    d["avx512_bf16"] = f.avx512_bf16;
+    d["amx_bf16"] = f.amx_bf16;
     return d;
   });
 }

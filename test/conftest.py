@@ -25,13 +25,13 @@ requires_bf16_kernels = pytest.mark.skipif(not CPU["bf16"], reason=f"oneDNN has 
 requires_int8_kernels = pytest.mark.skipif(not CPU["int8_vnni"],
                                            reason=f"oneDNN's int8 kernels lack VNNI on this CPU ({CPU['isa']}): int8 runs in fp32")
 BF16 = pytest.param(torch.bfloat16, marks=requires_bf16_kernels, id="bfloat16")
-# torch_llga's own kernels (csrc/jit/codegen/onednn/kernels/) need AVX2 and FMA.
-AVX2 = "avx2" in open("/proc/cpuinfo").read() and " fma" in open("/proc/cpuinfo").read()
-# Its bf16 attention kernel (head64_bf16.cpp) needs AVX512_BF16, and is not used beside AMX.
-BF16_ATTENTION_KERNEL = all(f in open("/proc/cpuinfo").read() for f in (" avx512_bf16", " avx512bw", " avx512vl")) and \
-    " amx_bf16" not in open("/proc/cpuinfo").read()
-# Its int8 pool kernels (quantized_pool.cpp) need AVX-512 F, BW and VL.
-OWN_QUANTIZED_POOL = all(f in open("/proc/cpuinfo").read() for f in (" avx512f", " avx512bw", " avx512vl"))
+# What torch_llga's own kernels (csrc/jit/codegen/onednn/kernels/) can run here, as they ask it
+# (onednn/cpu_features.h): AVX2 and FMA for all; AVX512_BF16 without AMX for the bf16 attention
+# kernel (head64_bf16.cpp); AVX-512 F, BW and VL for the int8 pools (quantized_pool.cpp).
+FEATURES = torch_llga._C._cpu_features()
+AVX2 = FEATURES["avx2_fma"]
+BF16_ATTENTION_KERNEL = FEATURES["avx512_bf16"] and not FEATURES["amx_bf16"]
+OWN_QUANTIZED_POOL = FEATURES["avx512"]
 
 
 @pytest.fixture(autouse=True)

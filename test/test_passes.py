@@ -8,7 +8,7 @@ from torch.testing import FileCheck
 
 import torch_llga  # noqa: F401  (registers the passes and operators)
 from torch_llga import _C
-from conftest import AVX2
+from conftest import AVX2, FEATURES
 
 F32 = "Float(2, 8, strides=[8, 1], requires_grad=0, device=cpu)"
 
@@ -281,7 +281,7 @@ def test_own_kernels_early():
     assert kinds(g) == ["llga::decode_attention"], g
 
 
-@pytest.mark.skipif(" avx512f" not in open("/proc/cpuinfo").read(), reason="torch_llga's quantize kernel needs AVX-512")
+@pytest.mark.skipif(not FEATURES["avx512"], reason="torch_llga's quantize kernel needs AVX-512")
 def test_own_kernels_after_guards():
     # PyTorch's quantize of an fp32 tensor of 16K+ values -> llga::quantize_per_tensor.
     def quantize(x):

@@ -267,10 +267,12 @@ def config():
     the instruction set its kernels use here and whether they have int8 VNNI and bf16 kernels
     (without them int8 weights and bf16 ops stay in PyTorch), whether oneDNN's constant weight
     cache is on, whether graphs of tiny tensors run as small-graph plans (TORCH_LLGA_SMALL_PLANS=0
-    turns that off), and the buffer pool's limit."""
+    turns that off), the buffer pool's limit, and which instruction sets torch_llga's own kernels
+    find here (cpu_features: AVX2+FMA for all of them, AVX-512 for the int8 pools, ...)."""
     cpu = _C._onednn_cpu()
     return {"torch": torch.__version__, "onednn": onednn_version(), "onednn_library": _C._onednn_library(),
             "cpu_isa": cpu["isa"], "int8_vnni": cpu["int8_vnni"], "bf16_kernels": cpu["bf16"],
             "constant_cache": _C._constant_cache_enabled(), "small_plans": _C._small_plans(),
             "buffer_pool_limit": buffer_pool_limit(), "threads": torch.get_num_threads(),
-            "choice_pins": choice_pins(), "passes_off": _C._passes_off()}
+            "choice_pins": choice_pins(), "passes_off": _C._passes_off(),
+            "cpu_features": [name for name, has in _C._cpu_features().items() if has]}

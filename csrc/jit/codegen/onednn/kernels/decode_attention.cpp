@@ -28,7 +28,9 @@
 #include <limits>
 #include <vector>
 
+#include "jit/codegen/onednn/kernels/reference_attention.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
+#include "onednn/cpu_features.h"
 
 namespace llga {
 
@@ -63,12 +65,6 @@ int64_t repeats(const at::Tensor& source, const std::optional<c10::IntArrayRef>&
   for (auto& d : r)
     if (d == -1) d = known == 0 ? 0 : numel / known;
   return r == std::vector<int64_t>{s[0], s[1] * e[2], s[2], s[3]} ? e[2] : 0;
-}
-
-// PyTorch's attention on k and v as eager has them.
-at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
 }
 
 // Whether any of the n floats is NaN (-inf and inf are not).
@@ -170,10 +166,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return t.dim() == 4 && (dtype == at::kFloat || dtype == at::kBFloat16) && t.scalar_type() == dtype &&
            t.device().is_cpu() && !t.requires_grad() && t.stride(3) == 1;
   };
-  auto eager = [&] { return pytorch_attention(q, as_eager(k, k_expanded, k_shape), as_eager(v, v_expanded, v_shape), mask, scale); };
+  auto eager = [&] { return reference_attention(q, as_eager(k, k_expanded, k_shape), as_eager(v, v_expanded, v_shape), mask, scale); };
   const int64_t n = repeats(k, k_expanded, k_shape);
   const int64_t d = q.dim() == 4 ? q.size(3) : 0;
-  bool ok = cpu_has_avx2_fma() && n > 0 && repeats(v, v_expanded, v_shape) == n && fits(q) && fits(k) && fits(v) &&
+  bool ok = cpu_features().avx2_fma && n > 0 && repeats(v, v_expanded, v_shape) == n && fits(q) && fits(k) && fits(v) &&
             decode_attention_runs(d, q.size(2)) && k.size(3) == d && v.size(3) == d && k.size(0) == q.size(0) &&
             v.size(0) == q.size(0) && k.size(1) == v.size(1) && k.size(1) * n == q.size(1) && k.size(2) == v.size(2) &&
             k.size(2) > 0 && k.stride(2) == v.stride(2);
@@ -225,7 +221,7 @@ torch::jit::RegisterOperators registered({torch::jit::Operator(
 }  // namespace
 
 bool decode_attention_runs(int64_t head_size, int64_t queries) {
-  return vector_math::cpu_has_avx2_fma() && (head_size == 64 || head_size == 128) && queries >= 1 &&
+  return cpu_features().avx2_fma && (head_size == 64 || head_size == 128) && queries >= 1 &&
          queries <= kDecodeAttentionMaxQueries;
 }
 

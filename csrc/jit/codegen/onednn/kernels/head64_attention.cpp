@@ -42,7 +42,9 @@
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/head64_bf16.h"
+#include "jit/codegen/onednn/kernels/reference_attention.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
+#include "onednn/cpu_features.h"
 
 namespace llga {
 
@@ -272,16 +274,6 @@ at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& options
   return at::empty({sizes[0], sizes[2], sizes[1], sizes[3]}, options).transpose(1, 2);
 }
 
-// PyTorch's attention, in the kernel's output layout where it is 4-D, so that a call the kernel
-// does not take gives the strides the graph was typed with.
-at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const std::optional<at::Tensor>& mask, std::optional<double> scale, bool merged_heads) {
-  at::Tensor out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
-  // (PyTorch's flash kernel gives its output q's stride order: a transposed q's is not contiguous)
-  if (out.dim() != 4 || !merged_heads) return out.contiguous();
-  return at::empty({out.size(0), out.size(2), out.size(1), out.size(3)}, out.options()).transpose(1, 2).copy_(out);
-}
-
 Operand operand(const at::Tensor& t) {
   return {t.const_data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)};
 }
@@ -310,8 +302,11 @@ at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::
   auto fits = [&](const at::Tensor& t) {
     return t.dim() == 4 && t.scalar_type() == dtype && t.device().is_cpu() && !t.requires_grad() && t.size(3) == D;
   };
-  auto fallback = [&] { return pytorch_attention(q, k, v, mask, scale, merged_heads); };
-  const bool runs = dtype == at::kFloat ? cpu_has_avx2_fma() : dtype == at::kBFloat16 && head64::bf16_kernel_runs();
+  // in the kernel's output layout, so that a call the kernel does not take gives the strides the graph was typed with
+  auto fallback = [&] {
+    return reference_attention(q, k, v, mask, scale, merged_heads ? AttentionLayout::kMergedHeads : AttentionLayout::kContiguous);
+  };
+  const bool runs = dtype == at::kFloat ? cpu_features().avx2_fma : dtype == at::kBFloat16 && head64::bf16_kernel_runs();
   if (!runs || !fits(q) || !fits(k) || !fits(v)) return fallback();
   const int64_t keys = k.size(2);
   if (v.size(2) != keys || keys == 0 || q.size(0) != k.size(0) || q.size(0) != v.size(0) || q.size(1) != k.size(1) ||
@@ -352,7 +347,7 @@ torch::jit::RegisterOperators registered({torch::jit::Operator(
 }  // namespace
 
 bool head64_attention_runs(c10::ScalarType dtype, int64_t head_size, int64_t queries, int64_t keys) {
-  const bool cpu = dtype == at::kFloat ? vector_math::cpu_has_avx2_fma() : dtype == at::kBFloat16 && head64::bf16_kernel_runs();
+  const bool cpu = dtype == at::kFloat ? cpu_features().avx2_fma : dtype == at::kBFloat16 && head64::bf16_kernel_runs();
   return cpu && head_size == D && queries >= kHead64AttentionMinQueries && keys >= kHead64AttentionMinKeys;
 }
 

@@ -17,6 +17,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+
+#include "onednn/cpu_features.h"
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -201,8 +203,7 @@ std::unique_ptr<T, Freed<T>> aligned(size_t count) {
 }  // namespace
 
 bool bf16_kernel_runs() {
-  static const bool runs = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512vl") && !__builtin_cpu_supports("amx-bf16");
+  static const bool runs = cpu_features().avx512_bf16 && !cpu_features().amx_bf16;
   return runs;
 }
 

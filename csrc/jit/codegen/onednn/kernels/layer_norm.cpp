@@ -14,6 +14,7 @@
 
 #include "jit/codegen/onednn/kernels/vector_math.h"
 #include "jit/codegen/onednn/runtime/to_dense.h"
+#include "onednn/cpu_features.h"
 
 namespace llga {
 
@@ -127,6 +128,6 @@ torch::jit::RegisterOperators registered({
 
 }  // namespace
 
-bool own_layer_norm_runs() { return vector_math::cpu_has_avx2_fma(); }
+bool own_layer_norm_runs() { return cpu_features().avx2_fma; }
 
 }  // namespace llga

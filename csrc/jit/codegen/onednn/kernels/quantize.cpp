@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include "jit/codegen/onednn/kernels/quantizing_op.h"
+#include "onednn/cpu_features.h"
 #include "onednn/pooled_qtensor.h"
 
 namespace llga {
@@ -62,9 +63,6 @@ torch::jit::RegisterOperators registered({quantizing_operator<quantized>("quanti
 
 }  // namespace
 
-bool own_quantize_runs() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
+bool own_quantize_runs() { return cpu_features().avx512; }
 
 }  // namespace llga

@@ -19,6 +19,7 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/kernels/quantizing_op.h"
+#include "onednn/cpu_features.h"
 #include "onednn/pooled_qtensor.h"
 
 namespace llga {
@@ -160,9 +161,6 @@ torch::jit::RegisterOperators registered({
 
 }  // namespace
 
-bool own_quantized_pool_runs() {
-  static const bool runs = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  return runs;
-}
+bool own_quantized_pool_runs() { return cpu_features().avx512; }
 
 }  // namespace llga

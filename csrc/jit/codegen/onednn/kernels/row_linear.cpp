@@ -36,6 +36,7 @@
 
 #include "jit/codegen/onednn/kernels/vector_math.h"
 #include "jit/codegen/onednn/kernels/widened_linear.h"
+#include "onednn/cpu_features.h"
 
 namespace llga {
 
@@ -105,7 +106,7 @@ void run_rows(const float* x, const T* weight, const T* bias, int64_t n, int64_t
 // contiguous [out, in] weight.
 bool fits(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   const auto dtype = x.scalar_type();
-  const bool fit = cpu_has_avx2_fma() && (dtype == at::kFloat || dtype == at::kBFloat16) && x.device().is_cpu() &&
+  const bool fit = cpu_features().avx2_fma && (dtype == at::kFloat || dtype == at::kBFloat16) && x.device().is_cpu() &&
                    x.dim() >= 1 && !x.requires_grad() && weight.scalar_type() == dtype && weight.device().is_cpu() &&
                    weight.dim() == 2 && weight.is_contiguous() && !weight.requires_grad() &&
                    x.size(-1) == weight.size(1) && weight.size(1) > 0 &&
@@ -243,7 +244,7 @@ torch::jit::RegisterOperators registered({
 }  // namespace
 
 bool row_linear_runs(int64_t rows, int64_t out_features, int64_t in_features) {
-  return vector_math::cpu_has_avx2_fma() && rows >= 1 && rows <= kRowLinearMaxRows &&
+  return cpu_features().avx2_fma && rows >= 1 && rows <= kRowLinearMaxRows &&
          out_features * in_features >= kRowLinearMinWeights;
 }
 

@@ -16,7 +16,9 @@
 // Anything else (other head sizes, dtypes, a CPU without AVX2/FMA, NaN or Inf in q, k or v, scores
 // that overflow) is PyTorch's scaled_dot_product_attention: the same result as eager.
 #include "jit/codegen/onednn/kernels/small_head_attention.h"
+#include "jit/codegen/onednn/kernels/reference_attention.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
+#include "onednn/cpu_features.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -114,19 +116,15 @@ bool attend(const float* q, const float* kt, const float* v, int64_t heads, int6
   return !overflow.load();
 }
 
-at::Tensor pytorch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
-  return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, false, scale);
-}
-
 at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
   auto fits = [](const at::Tensor& t) {
     return t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.requires_grad();
   };
-  if (!cpu_has_avx2_fma() || !fits(q) || !fits(k) || !fits(v)) return pytorch_attention(q, k, v, scale);
+  if (!cpu_features().avx2_fma || !fits(q) || !fits(k) || !fits(v)) return reference_attention(q, k, v, std::nullopt, scale);
   const int64_t D = q.size(3), keys = k.size(2);
   if ((D != 8 && D != 16) || k.size(3) != D || v.size(3) != D || v.size(2) != keys || keys == 0 || q.size(0) != k.size(0) ||
       q.size(0) != v.size(0) || q.size(1) != k.size(1) || q.size(1) != v.size(1))
-    return pytorch_attention(q, k, v, scale);
+    return reference_attention(q, k, v, std::nullopt, scale);
   const float s = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D)));
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2);
   const int64_t padded = (keys + kKeyStep - 1) / kKeyStep * kKeyStep;
@@ -137,12 +135,12 @@ at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const 
   vp.narrow(2, 0, keys).copy_(v);
   // NaN or Inf anywhere: PyTorch's kernel says what they become.
   for (const at::Tensor* t : {&qc, &kt, &vp})
-    if (!all_finite(t->const_data_ptr<float>(), t->numel())) return pytorch_attention(q, k, v, scale);
+    if (!all_finite(t->const_data_ptr<float>(), t->numel())) return reference_attention(q, k, v, std::nullopt, scale);
   at::Tensor out = at::empty({batch, heads, queries, D}, q.options());
   auto run = D == 8 ? attend<8> : attend<16>;
   bool done = run(qc.const_data_ptr<float>(), kt.const_data_ptr<float>(), vp.const_data_ptr<float>(), batch * heads, queries,
                   keys, padded, s, out.mutable_data_ptr<float>());
-  return done ? out : pytorch_attention(q, k, v, scale);
+  return done ? out : reference_attention(q, k, v, std::nullopt, scale);
 }
 
 torch::jit::RegisterOperators registered({torch::jit::Operator(
@@ -159,7 +157,7 @@ torch::jit::RegisterOperators registered({torch::jit::Operator(
 }  // namespace
 
 bool small_head_attention_runs(int64_t head_size, int64_t keys) {
-  return vector_math::cpu_has_avx2_fma() && (head_size == 8 || head_size == 16) && keys >= kSmallHeadAttentionMinKeys;
+  return cpu_features().avx2_fma && (head_size == 8 || head_size == 16) && keys >= kSmallHeadAttentionMinKeys;
 }
 
 }  // namespace llga

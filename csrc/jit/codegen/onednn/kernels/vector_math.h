@@ -9,13 +9,11 @@
 #include <cstdint>
 #include <limits>
 
+#include "onednn/cpu_features.h"
+
 namespace llga::vector_math {
 
-inline bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
-
+// Their callers check cpu_features().avx2_fma (onednn/cpu_features.h) first.
 // 8 values as floats: fp32 as they are, bf16 widened (a bf16 is the top half of its float), so a
 // bf16 weight or cache streams half the bytes and is computed in fp32 as eager computes it.
 [[gnu::target("avx2,fma")]] inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
