@@ -85,9 +85,11 @@ setup(
     version="0.1.0",
     description="A oneDNN Graph (LLGA) fuser for TorchScript on CPU",
     # The library, its command line and its tools (python -m torch_llga.tools.bench, .check_models, .demo,
-    # .layer_times): the tools' models and runtimes (torchvision, transformers, matplotlib, OpenVINO,
+    # .layer_times, .suite): the tools' models and runtimes (torchvision, transformers, matplotlib, OpenVINO,
     # ONNX Runtime) are optional, and a tool names the one it misses.
     packages=find_packages(include=["torch_llga", "torch_llga.*"]),
+    # The suite runner's model lists (python -m torch_llga.tools.suite): PyTorch's CPU dashboard's.
+    package_data={"torch_llga.tools": ["suite_lists/*.txt", "suite_lists/README.md"]},
     # TORCH_LLGA_METADATA_ONLY=1: the Makefile's editable registration, which needs no build of its
     # own (the extension is built in place by `setup.py build_ext --inplace`).
     ext_modules=[] if os.environ.get("TORCH_LLGA_METADATA_ONLY") == "1" else [

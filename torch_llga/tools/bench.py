@@ -495,21 +495,26 @@ def bench_model(name, backends, args):
     if args.dtype == "int8" and args.drift_inputs:
         for b, drift in drift_over_inputs(model, ready, inputs, args.drift_inputs).items():
             row["results"][b]["drift"] = drift
-    # Calls per sample: enough that one sample lasts about --sample-ms (timer and scheduler noise).
+    time_interleaved(ready, row["results"], args.rounds, args.sample_ms, lambda r: progress(f"{name}: round {r}/{args.rounds}"))
+    return row
+
+
+def time_interleaved(ready, results, rounds, sample_ms, say):
+    """Times every backend once a round, in a new order each round; appends each sample to
+    results[name]["times"] and sets results[name]["median_ms"]."""
+    # Calls per sample: enough that one sample lasts about sample_ms (timer and scheduler noise).
     once = min(bk.time_ms(1) for bk in ready)
-    repeat = max(1, min(10000, round(args.sample_ms / max(once, 1e-3))))
-    for r in range(args.rounds):
-        progress(f"{name}: round {r + 1}/{args.rounds}")
+    repeat = max(1, min(10000, round(sample_ms / max(once, 1e-3))))
+    for r in range(rounds):
+        say(r + 1)
         # A new order each round (seeded: runs repeat): a backend timed right after another pays for
         # what that one left in the caches and threads (measurable on microsecond models). Rotating
         # one order kept each backend's predecessor the same in every round (torch_llga always
         # followed the built-in fuser); shuffled, each follows each other one in some rounds.
         for backend in random.Random(r).sample(ready, len(ready)):
-            row["results"][backend.name]["times"].append(backend.time_ms(repeat, SETTLE_MS))
+            results[backend.name]["times"].append(backend.time_ms(repeat, SETTLE_MS))
     for backend in ready:
-        res = row["results"][backend.name]
-        res["median_ms"] = statistics.median(res["times"])
-    return row
+        results[backend.name]["median_ms"] = statistics.median(results[backend.name]["times"])
 
 
 def paired_ratio(base_times, times):
