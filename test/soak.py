@@ -1,7 +1,8 @@
 """Soak: one process serving three models from 8 threads for a long time, with changing input shapes,
 the models loaded from their files and released on the way. Every result is checked against eager.
 At the end: wrong results, errors, fused executions, and the resident memory's slope after warm-up
-(least squares over the samples of the last two thirds of the run), in MB a minute.
+(least squares over the samples of the last two thirds of the run), in MB a minute, and the same for
+the heap's allocated bytes (glibc's mallinfo2): growth there is memory held, the rest fragmentation.
 
     python test/soak.py --minutes 60          # the documented hour
     python test/soak.py --minutes 3           # test_soak.py's run in make test
@@ -12,6 +13,7 @@ Exit status 1 if a result was wrong, a call failed, the slope is over --max-slop
 traffic on plain TorchScript: the memory baseline.
 """
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -77,6 +79,23 @@ MODELS = {
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_size_t) for f in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_in_use_mb():
+    """glibc's allocated bytes (mallinfo2): what is held, apart from freed memory its heaps keep
+    resident (fragmentation); None where glibc has no mallinfo2."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        m = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return None
+    return (m.uordblks + m.hblkhd) / 2**20
 
 
 def slope(samples):
@@ -156,11 +175,14 @@ def main(argv=None):
         workers = [threading.Thread(target=soak.worker, args=(seed, deadline)) for seed in range(args.threads)]
         for w in workers:
             w.start()
-        samples, names, next_reload = [], list(MODELS), start + args.reload_seconds
+        samples, heap_samples, names, next_reload = [], [], list(MODELS), start + args.reload_seconds
         while any(w.is_alive() for w in workers):
             time.sleep(min(5.0, max(0.1, deadline - time.time())))
             now = time.time()
             samples.append(((now - start) / 60, rss_mb()))
+            heap = heap_in_use_mb()
+            if heap is not None:
+                heap_samples.append(((now - start) / 60, heap))
             if now >= next_reload and now < deadline:
                 soak.reload(names[int(now) % len(names)])
                 next_reload = now + args.reload_seconds
@@ -174,6 +196,8 @@ def main(argv=None):
     result = {"backend": "torchscript" if args.plain else "torch_llga", "minutes": args.minutes, "threads": args.threads, "calls": soak.calls, "wrong": soak.wrong,
               "errors": len(soak.errors), "reloads": soak.reloads, "rss_mb_start": round(samples[0][1], 1),
               "rss_mb_end": round(samples[-1][1], 1), "slope_mb_per_min": round(slope(after_warm_up), 3),
+              # the same for the heap's allocated bytes: a slope here is memory held, not fragmentation
+              "heap_slope_mb_per_min": round(slope([s for s in heap_samples if s[0] >= args.minutes / 3]), 3),
               "executions": stats["executions"], "compilations": stats["compilations"],
               "evictions": stats["evictions"], "guard_failures": stats["guard_failures"],
               "plan_misses": stats["plan_misses"],
