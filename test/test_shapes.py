@@ -106,22 +106,24 @@ def test_shape_specific_group_compiles_for_new_sizes():
     assert delta(before, after, "kernel_fallbacks") == 0
 
 
-def test_shape_specific_group_reading_a_number_runs_unfused_at_new_sizes():
-    # A reshape whose target a size computed outside the group sets: the compiled partitions are
-    # keyed by the tensors' sizes alone, so at new sizes the group runs its ops unfused (right).
+def test_reshape_to_a_number_stays_out_and_its_group_compiles_for_new_sizes():
+    # A reshape whose target a number argument sets stays in PyTorch (the compiled partitions are
+    # keyed by the tensors' sizes alone); the group before it compiles for new sizes, and each
+    # number gives eager's result.
     @torch.jit.script
     def heads(a, b, n: int):
         return torch.matmul(a, b).transpose(1, 2).reshape(n, 16, -1)
 
     a, b = torch.randn(1, 4, 16, 16), torch.randn(1, 4, 16, 16)
-    fused = check(heads, a, b, 1, groups=SOME)
+    fused = check(heads, a, b, 1, groups=[["matmul", "transpose"]])
     before = torch_llga.stats()
     with torch.no_grad():
         for n in (1, 2):
             a2, b2 = torch.randn(2, 2, 16, 16), torch.randn(2, 2, 16, 16)
             torch.testing.assert_close(fused(a2, b2, n), heads(a2, b2, n), **FP32)
     after = torch_llga.stats()
-    assert delta(before, after, "guard_failures") == 0
+    assert delta(before, after, "guard_failures") == 0 and delta(before, after, "kernel_fallbacks") == 0
+    assert delta(before, after, "executions") >= 2  # every call ran the group fused
 
 
 class PooledHead(nn.Module):

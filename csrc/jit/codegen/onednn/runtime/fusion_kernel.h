@@ -63,7 +63,7 @@ class FusionKernel {
   enum class AtSizes { kUnfused, kAnySizes, kTheseSizes };
   struct Partition;
   AtSizes maps_at(c10::ArrayRef<c10::IValue> args, std::shared_ptr<torch::jit::Graph>* sized);
-  std::unique_ptr<Partition> partition_at(torch::jit::Graph& sized);
+  std::unique_ptr<Partition> partition_of(torch::jit::Graph& graph, bool ranks_only);
   void run_fallback(torch::jit::Stack& stack);
   void run_unfused_by_choice(torch::jit::Stack& stack);
 

@@ -127,7 +127,10 @@ std::shared_ptr<CompiledPartition> FusionKernel::compile(const Inputs& inputs, c
     switch (maps_at(args, &sized)) {
       case AtSizes::kUnfused: part = nullptr; break;
       case AtSizes::kAnySizes: part = any_sizes(); break;
-      case AtSizes::kTheseSizes: at_these_sizes = partition_at(*sized); part = at_these_sizes.get(); break;
+      case AtSizes::kTheseSizes:  // null: mapped at these sizes, the group forms another partition
+        at_these_sizes = partition_of(*sized, /*ranks_only=*/false);
+        part = at_these_sizes.get();
+        break;
     }
   }
   if (!part) {

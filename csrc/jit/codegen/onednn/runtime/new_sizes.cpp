@@ -42,16 +42,20 @@ bool same_sizes(const Value* now, const Value* then) {
 // ranks is asked of oneDNN only once some call brings other sizes (once: threads compiling other
 // sizes at the same time wait for it).
 const FusionKernel::Partition* FusionKernel::any_sizes() {
-  std::call_once(any_sizes_once_, [&] {
-    auto gp = subgraph_partition(*subgraph_, /*ranks_only=*/true);
-    if (gp && same_ports(*gp, *ports_)) {
-      any_sizes_ = std::make_unique<Partition>();
-      any_sizes_->partition = gp->partition;
-      for (const auto& lt : gp->partition.get_input_ports()) any_sizes_->in_ids.push_back(lt.get_id());
-      for (const auto& lt : gp->partition.get_output_ports()) any_sizes_->out_ids.push_back(lt.get_id());
-    }
-  });
+  std::call_once(any_sizes_once_, [&] { any_sizes_ = partition_of(*subgraph_, /*ranks_only=*/true); });
   return any_sizes_.get();
+}
+
+// The partition the graph (the group's subgraph, typed with some sizes) forms, or null if it is
+// not one with the group's ports.
+std::unique_ptr<FusionKernel::Partition> FusionKernel::partition_of(torch::jit::Graph& graph, bool ranks_only) {
+  auto gp = subgraph_partition(graph, ranks_only);
+  if (!gp || !same_ports(*gp, *ports_)) return nullptr;
+  auto p = std::make_unique<Partition>();
+  p->partition = gp->partition;
+  for (const auto& lt : gp->partition.get_input_ports()) p->in_ids.push_back(lt.get_id());
+  for (const auto& lt : gp->partition.get_output_ports()) p->out_ids.push_back(lt.get_id());
+  return p;
 }
 
 // How the group runs at the sizes of these arguments. The op table keeps some ops from oneDNN at
@@ -118,20 +122,6 @@ FusionKernel::AtSizes FusionKernel::maps_at(c10::ArrayRef<c10::IValue> args, std
   if (!these_sizes) return AtSizes::kAnySizes;
   *sized = std::move(g);
   return AtSizes::kTheseSizes;
-}
-
-// The group's partition mapped at the sizes of `sized` (maps_at), or null if it forms another one.
-std::unique_ptr<FusionKernel::Partition> FusionKernel::partition_at(torch::jit::Graph& sized) {
-  auto gp = subgraph_partition(sized, /*ranks_only=*/false);
-  if (!gp || !same_ports(*gp, *ports_)) {
-    GRAPH_DEBUG("Mapped at these input sizes the group forms another partition: it runs unfused for them");
-    return nullptr;
-  }
-  auto p = std::make_unique<Partition>();
-  p->partition = gp->partition;
-  for (const auto& lt : gp->partition.get_input_ports()) p->in_ids.push_back(lt.get_id());
-  for (const auto& lt : gp->partition.get_output_ports()) p->out_ids.push_back(lt.get_id());
-  return p;
 }
 
 }  // namespace llga
