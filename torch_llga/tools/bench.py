@@ -657,9 +657,9 @@ def plot(rows, backends, path):
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None):
+def main(argv=None, prog="python -m torch_llga.tools.bench"):
     warnings.filterwarnings("ignore")  # the run's own output only (importing this module changes nothing)
-    parser = argparse.ArgumentParser(prog="python -m torch_llga.tools.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,resnet18_64,mobilenet_v2,mobilenet_v3_large,vit_b_16,bert_base,"
                         "deep_and_wide,deep_and_wide_64,lld6,xml_cnn,mlp,conv3x3_512",
