@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_llga
-from conftest import AVX2, CPU, FP32, PER_HEAD_BIAS_MODEL, Fused, check
+from conftest import AVX2, CPU, FP32, PER_HEAD_BIAS_MODEL, SOME, Fused, check
 
 SITES = {s["site"]: s for s in torch_llga.choice_sites()}
 
@@ -137,6 +137,76 @@ def test_widened_linear_runs_what_is_pinned_or_measured(pins, pin):
         assert c["chosen"] == pin and c["how"] == "pinned" if pin else c["how"] == "measured" and follows_the_times(c)
     if not pin:  # eager's bf16 matmul here is a plain loop, many times slower than fp32 GEMMs
         assert all(c["chosen"] == "own" for c in made), made
+
+
+ATTENTION = {  # site: (q, k, v sizes it takes, the kernel's node)
+    "head64_attention": ((1, 2, 128, 64), (1, 2, 160, 64), "llga::head64_attention"),
+    "small_head_attention": ((1, 2, 100, 8), (1, 2, 600, 8), "llga::small_head_attention"),
+    "decode_attention": ((1, 2, 1, 64), (1, 2, 300, 64), "llga::decode_attention"),
+}
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's attention kernels need AVX2 and FMA")
+@pytest.mark.parametrize("site, pin", [(s, p) for s in ATTENTION for p in SITES[s]["candidates"] + [None]])
+def test_attention_kernels_run_what_is_pinned_or_measured(pins, site, pin):
+    # Each own attention kernel, oneDNN's SDPA kernel (where a site has it) or PyTorch's
+    # scaled_dot_product_attention, pinned or timed at the first call of each size; right either
+    # way (fp32 sums over a few hundred keys in another order: atol 5e-5, as test_patterns.py's
+    # attention tests); the record names what runs and why.
+    if pin:
+        pins(**{site: pin})
+    q_size, kv_size, node = ATTENTION[site]
+    torch.manual_seed(0)
+    q, k, v = torch.randn(q_size), torch.randn(kv_size), torch.randn(kv_size)
+    since = last_seq()
+    fused = check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c), q, k, v, groups=[], rtol=1e-5, atol=5e-5)
+    assert str(fused.graph).count(node + "(") == 1, fused.graph
+    made = new_choices(since, site)
+    assert len(made) == 1 and made[0]["subject"] == node, made
+    [c] = made
+    if pin:
+        assert c["chosen"] == pin and c["how"] == "pinned", c
+    else:
+        assert c["how"] == "measured" and set(c["best_us"]) == set(SITES[site]["candidates"]) and follows_the_times(c), c
+    for _ in range(2):  # made once a size
+        torch.testing.assert_close(fused(q, k, v), F.scaled_dot_product_attention(q, k, v), rtol=1e-5, atol=5e-5)
+    assert len(new_choices(since, site)) == 1
+
+
+class MaskedSelfAttention(nn.Module):
+    """BERT's attention: heads split from projections, a boolean padding mask, heads merged."""
+
+    def __init__(self, dim=128, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x, mask):
+        b, n, c = x.shape
+        split = lambda t: t.view(b, n, self.heads, c // self.heads).transpose(1, 2)  # noqa: E731
+        a = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), attn_mask=mask)
+        return a.transpose(1, 2).reshape(b, n, c)
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("pin", ["own", "onednn", "pytorch"])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_masked_head64_attention_is_right_whichever_runs(pins, pin, mask_dtype):
+    # oneDNN's SDPA built for the call's sizes reads the heads' strided views and the mask as the
+    # own kernel does, writes the [B, L, H, D] memory the heads' merge reads, and gives a fully
+    # masked row PyTorch's zeros (batch 2: the second sequence's row 3 masked whole).
+    pins(head64_attention=pin)
+    torch.manual_seed(0)
+    x = torch.randn(2, 130, 128)
+    keep = torch.rand(2, 1, 130, 130) > 0.3
+    keep[1, :, 3] = False
+    mask = keep if mask_dtype == torch.bool else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    since = last_seq()
+    fused = check(MaskedSelfAttention(), x, mask, groups=SOME, rtol=1e-5, atol=5e-5)
+    attention = fused.graph.findNode("llga::head64_attention")
+    assert attention is not None and attention.inputsAt(5).toIValue() is True, fused.graph  # merged heads
+    assert [(c["chosen"], c["how"]) for c in new_choices(since, "head64_attention")] == [(pin, "pinned")]
+    assert fused.output[1, 3].abs().max() == 0
 
 
 class ConvNet(nn.Module):

@@ -30,6 +30,7 @@
 
 #include "jit/codegen/onednn/kernels/reference_attention.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
+#include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/cpu_features.h"
 
 namespace llga {
@@ -189,12 +190,24 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   if (!ok) return eager();
   const float s = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d)));
-  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), d}, q.options());
-  const bool done = dtype == at::kFloat
-                        ? (d == 64 ? attend<64, float>(q, k, v, additive, s, out) : attend<128, float>(q, k, v, additive, s, out))
-                        : (d == 64 ? attend<64, c10::BFloat16>(q, k, v, additive, s, out)
-                                   : attend<128, c10::BFloat16>(q, k, v, additive, s, out));
-  return done ? out : eager();
+  auto own = [&] {
+    at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), d}, q.options());
+    const bool done = dtype == at::kFloat
+                          ? (d == 64 ? attend<64, float>(q, k, v, additive, s, out) : attend<128, float>(q, k, v, additive, s, out))
+                          : (d == 64 ? attend<64, c10::BFloat16>(q, k, v, additive, s, out)
+                                     : attend<128, c10::BFloat16>(q, k, v, additive, s, out));
+    return done ? out : eager();
+  };
+  // The kernel (grouped heads read in place), or PyTorch's attention over the repeated heads
+  // (choice site decode_attention); the cache's length by its power-of-two bucket.
+  static choices::Chooser<at::Tensor> chooser("decode_attention");
+  const choices::Key key{static_cast<int64_t>(dtype), q.size(0), q.size(1), q.size(2), d, n, choices::bucket(k.size(2)),
+                         mask.has_value()};
+  auto describe = [&] {
+    return std::pair{std::string("llga::decode_attention"),
+                     c10::str(q.sizes(), " over ", k.size(2), " cached ", dtype, n > 1 ? c10::str(", heads shared by ", n) : "")};
+  };
+  return chooser.run(key, describe, [&](size_t i) { return i == 0 ? own() : eager(); });
 }
 
 torch::jit::RegisterOperators registered({torch::jit::Operator(

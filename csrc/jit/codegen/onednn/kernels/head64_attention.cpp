@@ -42,8 +42,10 @@
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/head64_bf16.h"
+#include "jit/codegen/onednn/kernels/onednn_attention.h"
 #include "jit/codegen/onednn/kernels/reference_attention.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
+#include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/cpu_features.h"
 
 namespace llga {
@@ -320,15 +322,33 @@ at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::
     if (!view) return fallback();
     m = *view;
   }
-  // q, k and v read in place where their rows are contiguous (a transposed view of [B, L, H, D] is).
-  const at::Tensor qr = q.stride(3) == 1 ? q : q.contiguous(), kr = k.stride(3) == 1 ? k : k.contiguous(),
-                   vr = v.stride(3) == 1 ? v : v.contiguous();
-  at::Tensor out = empty_output({batch, heads, queries, D}, q.options(), merged_heads);
-  bool done = dtype == at::kFloat ? attend(operand(qr), operand(kr), operand(vr), m, batch, heads, queries, keys, s,
-                                           operand(out), out.mutable_data_ptr<float>())
-                                  : head64::attend_bf16(view(qr), view(kr), view(vr), m, batch, heads, queries, keys, s,
-                                                        view(out), out.mutable_data_ptr());
-  return done ? out : fallback();  // NaN or Inf: PyTorch's kernel says what they become
+  auto own = [&] {
+    // q, k and v read in place where their rows are contiguous (a transposed view of [B, L, H, D] is).
+    const at::Tensor qr = q.stride(3) == 1 ? q : q.contiguous(), kr = k.stride(3) == 1 ? k : k.contiguous(),
+                     vr = v.stride(3) == 1 ? v : v.contiguous();
+    at::Tensor out = empty_output({batch, heads, queries, D}, q.options(), merged_heads);
+    bool done = dtype == at::kFloat ? attend(operand(qr), operand(kr), operand(vr), m, batch, heads, queries, keys, s,
+                                             operand(out), out.mutable_data_ptr<float>())
+                                    : head64::attend_bf16(view(qr), view(kr), view(vr), m, batch, heads, queries, keys, s,
+                                                          view(out), out.mutable_data_ptr());
+    return done ? out : fallback();  // NaN or Inf: PyTorch's kernel says what they become
+  };
+  // The kernel, oneDNN's SDPA kernel, or PyTorch's (its flash kernel): which is faster differs
+  // between CPUs (AMX's bf16 tiles) and sizes (choice site head64_attention).
+  static choices::Chooser<at::Tensor> chooser("head64_attention");
+  const choices::Key key{static_cast<int64_t>(dtype), batch * heads, choices::bucket(queries), choices::bucket(keys),
+                         mask ? (mask->scalar_type() == at::kBool ? 2 : 1) : 0, merged_heads};
+  auto describe = [&] {
+    return std::pair{std::string("llga::head64_attention"),
+                     c10::str(q.sizes(), " x ", keys, " keys ", dtype, mask ? ", masked" : "")};
+  };
+  const AttentionLayout layout = merged_heads ? AttentionLayout::kMergedHeads : AttentionLayout::kContiguous;
+  return chooser.run(key, describe, [&](size_t i) {
+    if (i == 0) return own();
+    if (i == 1)
+      if (auto out = onednn_attention(q, k, v, mask, scale, layout)) return *out;
+    return fallback();
+  });
 }
 
 torch::jit::RegisterOperators registered({torch::jit::Operator(

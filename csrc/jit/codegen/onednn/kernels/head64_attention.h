@@ -13,11 +13,10 @@ namespace llga {
 
 inline const c10::Symbol kHead64Attention = c10::Symbol::fromQualString("llga::head64_attention");
 
-// From 128 keys on it takes 0.80-0.89x the time of oneDNN's SDPA kernel (12 heads: BERT's 128 x 128
-// with a boolean mask 0.80x, ViT's 197 0.87x, 384 0.89x) and 0.79-0.82x PyTorch's flash kernel's
-// (in-process A/B, 2 threads, AMD EPYC Zen 4). It computes groups of six (fp32) or twelve (bf16)
-// query rows: one query, a decoder's step, would cost that many (it is llga::decode_attention's);
-// below 96 queries it is not measured.
+// Where it runs, each call's sizes time it against oneDNN's SDPA kernel and PyTorch's (choice site
+// head64_attention). It computes groups of six (fp32) or twelve (bf16) query rows: one query, a
+// decoder's step, would cost that many (it is llga::decode_attention's); below 96 queries or 128
+// keys it is not a candidate.
 constexpr int64_t kHead64AttentionMinKeys = 128;
 constexpr int64_t kHead64AttentionMinQueries = 96;
 

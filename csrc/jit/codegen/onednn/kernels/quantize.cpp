@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include "jit/codegen/onednn/kernels/quantizing_op.h"
+#include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/cpu_features.h"
 #include "onednn/pooled_qtensor.h"
 
@@ -44,10 +45,23 @@ bool fits(const at::Tensor& x, c10::ScalarType dtype) {
          (dtype == c10::kQUInt8 || dtype == c10::kQInt8);
 }
 
+at::Tensor codes_of(const at::Tensor& x, double scale, int64_t zero_point, c10::ScalarType dtype);
+
 at::Tensor quantized(const at::Tensor& x, double scale, int64_t zero_point, c10::ScalarType dtype) {
   const bool u8 = dtype == c10::kQUInt8;
   if (!fits(x, dtype) || !(scale > 0) || zero_point < (u8 ? 0 : -128) || zero_point > (u8 ? 255 : 127))
     return at::quantize_per_tensor(x, scale, zero_point, dtype);  // and its own errors
+  // The kernel, or PyTorch's (choice site quantize_per_tensor): the same codes.
+  static choices::Chooser<at::Tensor> chooser("quantize_per_tensor");
+  const choices::Key key{choices::bucket(x.numel()), u8};
+  auto describe = [&] { return std::pair{std::string("llga::quantize_per_tensor"), c10::str(x.sizes(), " Float")}; };
+  return chooser.run(key, describe, [&](size_t i) {
+    return i == 0 ? codes_of(x, scale, zero_point, dtype) : at::quantize_per_tensor(x, scale, zero_point, dtype);
+  });
+}
+
+at::Tensor codes_of(const at::Tensor& x, double scale, int64_t zero_point, c10::ScalarType dtype) {
+  const bool u8 = dtype == c10::kQUInt8;
   at::Tensor out = new_quantized_output(x.sizes(), dtype, scale, zero_point, c10::MemoryFormat::Contiguous);
   const float* src = x.const_data_ptr<float>();
   auto* dst = static_cast<uint8_t*>(out.data_ptr());

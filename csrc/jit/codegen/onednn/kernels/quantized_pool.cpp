@@ -19,6 +19,7 @@
 
 #include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/kernels/quantizing_op.h"
+#include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/cpu_features.h"
 #include "onednn/pooled_qtensor.h"
 
@@ -48,6 +49,12 @@ template <bool kUnsigned>
   }
 }
 
+auto describer(const char* op, const at::Tensor& x) {
+  return [op, &x] { return std::pair{std::string(op), c10::str(x.sizes(), " ", x.scalar_type())}; };
+}
+
+at::Tensor average_codes(const at::Tensor& x, double scale, int64_t zero_point, c10::ScalarType dtype);
+
 at::Tensor pooled(const at::Tensor& x, double scale, int64_t zero_point, c10::ScalarType dtype) {
   const bool u8 = dtype == c10::kQUInt8;
   const bool fits = own_quantized_pool_runs() && x.is_quantized() && !is_llga_tensor(x) && x.device().is_cpu() && x.dim() == 4 &&
@@ -55,8 +62,18 @@ at::Tensor pooled(const at::Tensor& x, double scale, int64_t zero_point, c10::Sc
                     x.is_contiguous(c10::MemoryFormat::ChannelsLast) && x.size(2) * x.size(3) > 0 &&
                     x.size(2) * x.size(3) <= (1 << 16) && (u8 || dtype == c10::kQInt8) && scale > 0 &&
                     zero_point >= (u8 ? 0 : -128) && zero_point <= (u8 ? 255 : 127);
-  if (!fits)  // and PyTorch's own errors
-    return at::quantize_per_tensor(at::adaptive_avg_pool2d(at::dequantize(x), {1, 1}), scale, zero_point, dtype);
+  auto eager = [&] { return at::quantize_per_tensor(at::adaptive_avg_pool2d(at::dequantize(x), {1, 1}), scale, zero_point, dtype); };
+  if (!fits) return eager();  // and PyTorch's own errors
+  // The kernel, or PyTorch's dequantize, pool, quantize (choice site quantized_pool).
+  static choices::Chooser<at::Tensor> chooser("quantized_pool");
+  const choices::Key key{0, x.size(0), x.size(1), x.size(2), x.size(3), x.scalar_type() == c10::kQUInt8, u8};
+  return chooser.run(key, describer("llga::quantized_global_avg_pool", x), [&](size_t i) {
+    return i == 0 ? average_codes(x, scale, zero_point, dtype) : eager();
+  });
+}
+
+at::Tensor average_codes(const at::Tensor& x, double scale, int64_t zero_point, c10::ScalarType dtype) {
+  const bool u8 = dtype == c10::kQUInt8;
   const int64_t batch = x.size(0), channels = x.size(1), pixels = x.size(2) * x.size(3);
   at::Tensor out = new_quantized_output({batch, channels, 1, 1}, dtype, scale, zero_point, c10::MemoryFormat::Contiguous);
   const auto* src = static_cast<const uint8_t*>(x.const_data_ptr());
@@ -105,6 +122,9 @@ bool pair_of(const std::vector<int64_t>& v, const std::vector<int64_t>& otherwis
   return true;
 }
 
+at::Tensor max_codes(const at::Tensor& x, const int64_t kernel[2], const int64_t stride[2], const int64_t padding[2], double scale,
+                     int64_t zero_point, c10::ScalarType dtype);
+
 at::Tensor max_pooled(const at::Tensor& x, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride_arg,
                       const std::vector<int64_t>& padding_arg, const std::vector<int64_t>& dilation, bool ceil_mode, double scale,
                       int64_t zero_point, c10::ScalarType dtype) {
@@ -118,9 +138,21 @@ at::Tensor max_pooled(const at::Tensor& x, const std::vector<int64_t>& kernel_si
                     pair_of(padding_arg, {0}, padding) && kernel[0] > 0 && kernel[1] > 0 && stride[0] > 0 && stride[1] > 0 &&
                     padding[0] >= 0 && padding[1] >= 0 && 2 * padding[0] <= kernel[0] && 2 * padding[1] <= kernel[1] &&
                     x.size(2) + 2 * padding[0] >= kernel[0] && x.size(3) + 2 * padding[1] >= kernel[1];
-  if (!fits)  // and PyTorch's own errors
+  auto eager = [&] {
     return at::quantize_per_tensor(at::max_pool2d(at::dequantize(x), kernel_size, stride_arg, padding_arg, dilation, ceil_mode),
                                    scale, zero_point, dtype);
+  };
+  if (!fits) return eager();  // and PyTorch's own errors
+  static choices::Chooser<at::Tensor> chooser("quantized_pool");
+  const choices::Key key{1, x.size(0), x.size(1), x.size(2), x.size(3), kernel[0] * 1000 + kernel[1], stride[0] * 1000 + stride[1],
+                         padding[0] * 1000 + padding[1]};
+  return chooser.run(key, describer("llga::quantized_max_pool2d", x), [&](size_t i) {
+    return i == 0 ? max_codes(x, kernel, stride, padding, scale, zero_point, dtype) : eager();
+  });
+}
+
+at::Tensor max_codes(const at::Tensor& x, const int64_t kernel[2], const int64_t stride[2], const int64_t padding[2], double scale,
+                     int64_t zero_point, c10::ScalarType dtype) {
   const int64_t batch = x.size(0), channels = x.size(1), height = x.size(2), width = x.size(3);
   const int64_t out_height = (height + 2 * padding[0] - kernel[0]) / stride[0] + 1;
   const int64_t out_width = (width + 2 * padding[1] - kernel[1]) / stride[1] + 1;

@@ -16,8 +16,10 @@
 // Anything else (other head sizes, dtypes, a CPU without AVX2/FMA, NaN or Inf in q, k or v, scores
 // that overflow) is PyTorch's scaled_dot_product_attention: the same result as eager.
 #include "jit/codegen/onednn/kernels/small_head_attention.h"
+#include "jit/codegen/onednn/kernels/onednn_attention.h"
 #include "jit/codegen/onednn/kernels/reference_attention.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
+#include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/cpu_features.h"
 
 #include <ATen/ATen.h>
@@ -116,6 +118,8 @@ bool attend(const float* q, const float* kt, const float* v, int64_t heads, int6
   return !overflow.load();
 }
 
+at::Tensor attend_own(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, float s, std::optional<double> scale);
+
 at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
   auto fits = [](const at::Tensor& t) {
     return t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.requires_grad();
@@ -127,6 +131,20 @@ at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const 
     return reference_attention(q, k, v, std::nullopt, scale);
   const float s = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D)));
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2);
+  // The kernel, oneDNN's SDPA kernel, or PyTorch's (choice site small_head_attention).
+  static choices::Chooser<at::Tensor> chooser("small_head_attention");
+  const choices::Key key{batch * heads, choices::bucket(queries), choices::bucket(keys), D};
+  auto describe = [&] { return std::pair{std::string("llga::small_head_attention"), c10::str(q.sizes(), " x ", keys, " keys Float")}; };
+  return chooser.run(key, describe, [&](size_t i) {
+    if (i == 0) return attend_own(q, k, v, s, scale);
+    if (i == 1)
+      if (auto out = onednn_attention(q, k, v, std::nullopt, scale, AttentionLayout::kContiguous)) return *out;
+    return reference_attention(q, k, v, std::nullopt, scale);
+  });
+}
+
+at::Tensor attend_own(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, float s, std::optional<double> scale) {
+  const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), D = q.size(3), keys = k.size(2);
   const int64_t padded = (keys + kKeyStep - 1) / kKeyStep * kKeyStep;
   at::Tensor qc = q.contiguous();
   // K^T and V with the keys padded by zeros.

@@ -1,6 +1,4 @@
 #include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <c10/util/bit_cast.h>
 #include <c10/util/strides.h>
 
 #include <cmath>
@@ -12,6 +10,7 @@
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 
+#include "jit/codegen/onednn/kernels/attention_ops.h"
 #include "jit/codegen/onednn/kernels/head64_attention.h"
 #include "jit/codegen/onednn/kernels/small_head_attention.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
@@ -181,71 +180,8 @@ void decompose_self_attention(torch::jit::Block* block) {
   }
 }
 
-// softmax(x, dim), but 0 for rows of only -inf (PyTorch's SDPA masks fully masked rows to 0;
-// oneDNN's SoftMax "inf_as_zero" mode). The op table maps it; this is its unfused form.
 const c10::Symbol kSoftmaxInfAsZero = c10::Symbol::fromQualString("llga::softmax_inf_as_zero");
-torch::jit::RegisterOperators registered({torch::jit::Operator(
-    "llga::softmax_inf_as_zero(Tensor self, int dim) -> Tensor",
-    [](torch::jit::Stack& stack) {
-      int64_t dim = torch::jit::pop(stack).toInt();
-      at::Tensor x = torch::jit::pop(stack).toTensor();
-      at::Tensor all_inf = x.amax(dim, /*keepdim=*/true) == -std::numeric_limits<double>::infinity();
-      torch::jit::push(stack, at::where(all_inf, at::zeros({}, x.options()), at::softmax(x, dim)));
-    },
-    c10::AliasAnalysisKind::FROM_SCHEMA)});
-
-// PyTorch's SDPA turns a boolean mask into this bias too (True attends). One pass over the mask,
-// bitwise (0 is all zero bits): no branch to mispredict, and vectorized. where(mask, zeros,
-// full(-inf)) took 14.8 us for BERT's [1, 1, 128, 128] (in each of its 12 layers), this 3.2 (both
-// called from Python, Zen 4).
-template <typename Bits>
-void fill_bias(const uint8_t* keep, Bits* bias, int64_t n, Bits minus_inf) {  // bytes: GCC vectorizes no bool loads
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) bias[i] = static_cast<Bits>(static_cast<Bits>(keep[i]) - 1) & minus_inf;
-}
-
-at::Tensor attention_bias(const at::Tensor& mask, c10::ScalarType dtype) {
-  if (mask.scalar_type() != at::kBool || !mask.device().is_cpu() || !at::isFloatingType(dtype))
-    return at::where(mask, at::zeros({}, mask.options().dtype(dtype)),
-                     at::full({}, -std::numeric_limits<double>::infinity(), mask.options().dtype(dtype)));
-  at::Tensor keep = mask.contiguous();  // an expanded mask is materialized once
-  at::Tensor bias = at::empty(mask.sizes(), mask.options().dtype(dtype));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "llga::attention_bias", [&] {
-    using Bits = std::conditional_t<sizeof(scalar_t) == 2, uint16_t, std::conditional_t<sizeof(scalar_t) == 4, uint32_t, uint64_t>>;
-    static_assert(sizeof(Bits) == sizeof(scalar_t));
-    fill_bias(reinterpret_cast<const uint8_t*>(keep.const_data_ptr<bool>()), reinterpret_cast<Bits*>(bias.mutable_data_ptr<scalar_t>()), keep.numel(),
-              c10::bit_cast<Bits>(static_cast<scalar_t>(-std::numeric_limits<scalar_t>::infinity())));
-  });
-  return bias;
-}
-
-torch::jit::RegisterOperators registered_bias({torch::jit::Operator(
-    "llga::attention_bias(Tensor mask, Tensor like) -> Tensor",
-    [](torch::jit::Stack& stack) {
-      auto dtype = torch::jit::pop(stack).toTensor().scalar_type();  // the query's, at run time
-      at::Tensor mask = torch::jit::pop(stack).toTensor();
-      torch::jit::push(stack, attention_bias(mask, dtype));
-    },
-    c10::AliasAnalysisKind::FROM_SCHEMA)});
-
-// sdpa_scale(q, scale): SDPA's scale (the given one, or 1 / sqrt(q.size(-1))), as a [1, 1, 1, 1]
-// tensor of q's dtype. Computed at run time, not from the profiled head size and dtype: a group may
-// run at other sizes, and its fallback, the spelled-out attention too, at other dtypes (a profiled
-// fp32 scale made a bf16 call's scores fp32, and its last matmul fail).
 const c10::Symbol kSdpaScale = c10::Symbol::fromQualString("llga::sdpa_scale");
-c10::IntArrayRef sdpa_scale_sizes() {  // [1] where quirks' sdpa_scale_4d is off
-  static const std::vector<int64_t> sizes(quirks::enabled("sdpa_scale_4d") ? 4 : 1, 1);
-  return sizes;
-}
-torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
-    "llga::sdpa_scale(Tensor query, float? scale) -> Tensor",
-    [](torch::jit::Stack& stack) {
-      auto scale = torch::jit::pop(stack).toOptional<double>();
-      at::Tensor q = torch::jit::pop(stack).toTensor();
-      double value = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-      torch::jit::push(stack, at::full(sdpa_scale_sizes(), value, q.options()));
-    },
-    c10::AliasAnalysisKind::FROM_SCHEMA)});
 
 // scaled_dot_product_attention(q, k, v, mask) spelled out as oneDNN's SDPA pattern, which it runs as
 // one fused kernel (measured here, 12 heads x 64, as a group against PyTorch's SDPA: fp32 on par for
@@ -256,12 +192,12 @@ torch::jit::RegisterOperators registered_scale({torch::jit::Operator(
 // Inference only (dropout 0), not causal, no grouped-query heads, rank-4 q/k/v of one float dtype
 // with profiled sizes; a float mask is added, a boolean one as its attention_bias (True: attend). The scale is a
 // [1, 1, 1, 1] tensor (oneDNN 3.12 compiles no SDPA with a 1-D one): sdpa_scale(q, scale).
-// Unmasked fp32 heads of 8 or 16 over 512 keys or more are torch_llga's own kernel instead
-// (llga::small_head_attention), which runs them 1.5-2x faster than oneDNN's, and so are fp32 heads
-// of 64, 96+ queries over 128+ keys, masked or not (llga::head64_attention, 0.80-0.89x oneDNN's time;
-// bf16 ones too where the CPU has AVX512_BF16 and no AMX, 0.71-0.94x;
-// it reads q, k, v and the mask through their strides, so their copies made for the attention are
-// skipped, and a boolean mask is read as it is, no bias made); other unmasked fp32
+// Unmasked fp32 heads of 8 or 16 over 512 keys or more are torch_llga's own kernel's node instead
+// (llga::small_head_attention), and so are fp32 heads of 64, 96+ queries over 128+ keys, masked or
+// not (llga::head64_attention; bf16 ones too where the CPU has AVX512_BF16 and no AMX): at run time
+// each call's sizes choose between the kernel, oneDNN's SDPA and PyTorch's by timing them (choice
+// sites of the same names). The node reads q, k, v and the mask through their strides, so their
+// copies made for the attention are skipped, and a boolean mask as it is, no bias made; other unmasked fp32
 // attention over 1,024 keys or more stays PyTorch's (kFlashAttentionMinKeys).
 // Not where q, k, v or the mask is written in place anywhere: the fuser maps no op whose tensors
 // are (graph_fuser.cpp), so the spelled-out ops would stay in PyTorch, the softmax alone a group

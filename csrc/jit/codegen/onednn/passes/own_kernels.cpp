@@ -15,11 +15,11 @@ const std::vector<OwnKernelRow>& own_kernel_table() {
   static const std::vector<OwnKernelRow> table = {
       {"decode_attention", "llga::decode_attention",
        "scaled_dot_product_attention of a decoder's 1-8 queries over its KV cache (heads of 64 or 128), grouped heads read in place",
-       "fp32 bf16", "AVX2 FMA", "", OwnPhase::kEarly, DecodeAttention},
+       "fp32 bf16", "AVX2 FMA", "decode_attention", OwnPhase::kEarly, DecodeAttention},
       {"small_head_attention", "llga::small_head_attention", "attention of 8- or 16-wide heads over 512+ keys (DecomposeOps' SDPA)",
-       "fp32", "AVX2 FMA", "", OwnPhase::kInsidePass, nullptr},
+       "fp32", "AVX2 FMA", "small_head_attention", OwnPhase::kInsidePass, nullptr},
       {"head64_attention", "llga::head64_attention", "attention of 64-wide heads, 96+ queries over 128+ keys (DecomposeOps' SDPA)",
-       "fp32 bf16", "AVX2 FMA (bf16: AVX512_BF16, no AMX)", "", OwnPhase::kInsidePass, nullptr},
+       "fp32 bf16", "AVX2 FMA (bf16: AVX512_BF16, no AMX)", "head64_attention", OwnPhase::kInsidePass, nullptr},
       {"requantize", "llga::requantize", "int8 codes to another scale across a reshape (PT2E's flatten; PrepareQuantization)",
        "int8", "any", "", OwnPhase::kInsidePass, nullptr},
       {"row_linear", "llga::row_linear", "linear of 1-4 rows over a constant weight of 64K+ values (a decoder's step)",
@@ -34,11 +34,11 @@ const std::vector<OwnKernelRow>& own_kernel_table() {
       {"layer_norm", "llga::layer_norm", "layer norm over the last dim whose output a quantize reads", "fp32", "AVX2 FMA", "layer_norm",
        OwnPhase::kBeforeFuser, LayerNormOwnKernel},
       {"quantized_global_avg_pool", "llga::quantized_global_avg_pool", "int8 global average pool, codes out (a CNN's before its classifier)",
-       "int8", "AVX-512 F BW VL", "", OwnPhase::kBeforeFuser, QuantizedPoolOwnKernel},
+       "int8", "AVX-512 F BW VL", "quantized_pool", OwnPhase::kBeforeFuser, QuantizedPoolOwnKernel},
       {"quantized_max_pool2d", "llga::quantized_max_pool2d", "int8 max pool on its input's grid (quantized_pool's rewrite)", "int8",
-       "AVX-512 F BW VL", "", OwnPhase::kInsidePass, nullptr},
+       "AVX-512 F BW VL", "quantized_pool", OwnPhase::kInsidePass, nullptr},
       {"quantize_per_tensor", "llga::quantize_per_tensor", "fp32 -> int8 quantize the fuser left to PyTorch, 16K+ values", "fp32",
-       "AVX2", "", OwnPhase::kAfterGuards, QuantizeOwnKernel},
+       "AVX-512 F", "quantize_per_tensor", OwnPhase::kAfterGuards, QuantizeOwnKernel},
   };
   return table;
 }

@@ -63,6 +63,15 @@ const std::vector<Site>& sites() {
        "an RMSNorm and the linear of 1-4 rows after it: llga::rms_norm_row_linear, or at::rms_norm + at::linear"},
       {"widened_linear", {"own", "pytorch"}, 1.1, 0, "a bf16 linear: fp32 GEMMs over widened weight blocks, or at::linear"},
       {"layer_norm", {"own", "pytorch"}, 1.1, 0, "an fp32 layer norm before a quantize: llga::layer_norm, or at::layer_norm"},
+      {"head64_attention", {"own", "onednn", "pytorch"}, 1.1, 0,
+       "attention of 64-wide heads, 96+ queries: llga::head64_attention, oneDNN's SDPA, or at::scaled_dot_product_attention"},
+      {"small_head_attention", {"own", "onednn", "pytorch"}, 1.1, 0,
+       "attention of 8- or 16-wide heads over 512+ keys: llga::small_head_attention, oneDNN's SDPA, or at::scaled_dot_product_attention"},
+      {"decode_attention", {"own", "pytorch"}, 1.1, 0,
+       "a decoder step's attention over its KV cache: llga::decode_attention, or at::scaled_dot_product_attention"},
+      {"quantize_per_tensor", {"own", "pytorch"}, 1.1, 0, "an fp32 -> int8 quantize: llga::quantize_per_tensor, or PyTorch's"},
+      {"quantized_pool", {"own", "pytorch"}, 1.1, 0,
+       "an int8 global average or max pool: llga's on the codes, or PyTorch's dequantize, pool, quantize"},
   };
   return table;
 }
