@@ -27,6 +27,7 @@
 #include <memory>
 #include <new>
 
+#include "jit/codegen/onednn/kernels/finite_scan.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
 
 #define LLGA_BF16_TARGET [[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")]]
@@ -45,17 +46,6 @@ constexpr int kTileElems = kKeyTile * D;  // a packed key tile: [32 pairs][16 ke
 
 LLGA_BF16_TARGET inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
-// Whether the 64 bf16 of a row are finite (an exponent of all ones is Inf or NaN).
-LLGA_BF16_TARGET inline bool row_finite(const bf16* row) {
-  const __m512i exponent = _mm512_set1_epi16(0x7f80);
-  __mmask32 bad = 0;
-  for (int d = 0; d < D; d += 32) {
-    const __m512i x = _mm512_loadu_si512(row + d);
-    bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(x, exponent), exponent);
-  }
-  return bad == 0;
-}
-
 // One head's K^T ([padded / 16][32 pairs][16][2], padding keys zero) and V ([pairs of keys][64][2],
 // an odd last key paired with zeros); false where k or v is not finite.
 LLGA_BF16_TARGET bool pack_head(const bf16* k, int64_t k_stride, const bf16* v, int64_t v_stride, int64_t keys,
@@ -68,7 +58,7 @@ LLGA_BF16_TARGET bool pack_head(const bf16* k, int64_t k_stride, const bf16* v, 
       continue;
     }
     const bf16* row = k + j * k_stride;
-    finite = finite && row_finite(row);
+    finite = finite && !any_nonfinite(row, D);
     uint32_t pairs[kPairs];
     std::memcpy(pairs, row, sizeof(pairs));
     for (int p = 0; p < kPairs; ++p) tile[p * kKeyTile] = pairs[p];
@@ -77,7 +67,7 @@ LLGA_BF16_TARGET bool pack_head(const bf16* k, int64_t k_stride, const bf16* v, 
   for (int64_t j = 0; j < keys; j += 2) {
     const bf16* a = v + j * v_stride;
     const bf16* b = j + 1 < keys ? v + (j + 1) * v_stride : nullptr;
-    finite = finite && row_finite(a) && (!b || row_finite(b));
+    finite = finite && !any_nonfinite(a, D) && (!b || !any_nonfinite(b, D));
     bf16* dst = vp + j / 2 * 2 * D;
     for (int d = 0; d < D; d += 8) {
       const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + d));
@@ -239,7 +229,7 @@ LLGA_BF16_TARGET bool attend_bf16(View q, View k, View v, const Mask& mask, int6
       bool finite = true;
       for (int r = 0; r < kBlockRows; ++r) {
         const bf16* row = r < rows ? qd + q.offset(b, h, first + r) : nullptr;
-        finite = finite && (!row || row_finite(row));
+        finite = finite && (!row || !any_nonfinite(row, D));
         qrows[r] = row ? row : zeros;
       }
       if (!finite) {

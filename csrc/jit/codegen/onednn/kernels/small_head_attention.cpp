@@ -18,6 +18,7 @@
 #include "jit/codegen/onednn/kernels/small_head_attention.h"
 #include "jit/codegen/onednn/kernels/onednn_attention.h"
 #include "jit/codegen/onednn/kernels/reference_attention.h"
+#include "jit/codegen/onednn/kernels/finite_scan.h"
 #include "jit/codegen/onednn/kernels/vector_math.h"
 #include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/cpu_features.h"

@@ -66,19 +66,6 @@ template <typename T>
   return _mm_cvtss_f32(s);
 }
 
-// Whether every float of a contiguous buffer is finite (x - x is 0 exactly then, NaN otherwise).
-[[gnu::target("avx2,fma")]] inline bool all_finite(const float* x, int64_t n) {
-  __m256 ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_loadu_ps(x + i);
-    ok = _mm256_and_ps(ok, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_EQ_OQ));
-  }
-  bool finite = _mm256_movemask_ps(ok) == 0xff;
-  for (; i < n; ++i) finite = finite && std::isfinite(x[i]);
-  return finite;
-}
-
 // A row's scores -> exp(score - max) (the padding's -inf included); returns their sum,
 // or NaN where the scores overflowed (the row's maximum is not finite) or one is NaN (a masked
 // key's -inf added to a score that overflowed to +inf: its exponential is NaN, and so the sum).
