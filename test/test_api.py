@@ -4,11 +4,12 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn as nn
 
 import torch_llga
-from conftest import Fused, check, fusion_groups
+from conftest import AVX2, Fused, check, fusion_groups
 
 
 def test_enable_disable():
@@ -159,3 +160,21 @@ def test_profiler_shows_each_group_with_its_ops():
         fused(torch.randn(4, 64))
     names = [e.key for e in prof.key_averages()]
     assert "llga::FusionGroup[linear+relu]" in names and "llga::FusionGroup[linear]" in names
+
+
+@pytest.mark.skipif(not AVX2, reason="torch_llga's own kernels need AVX2 and FMA")
+def test_profiler_shows_each_own_kernel():
+    # A decoder step's linear (llga::row_linear) and attention of 64-wide heads (llga::head64_attention):
+    # each call an event of its own, as the groups are.
+    from torch.profiler import profile
+
+    proj = nn.Linear(256, 512).eval()
+    row = Fused(proj, (torch.randn(1, 2, 256),))
+    q = torch.randn(1, 2, 128, 64)
+    attention = Fused(lambda a: torch.nn.functional.scaled_dot_product_attention(a, a, a), (q,))
+    assert "llga::row_linear" in str(row.graph) and "llga::head64_attention" in str(attention.graph)
+    with profile() as prof:
+        row(torch.randn(1, 2, 256))
+        attention(q)
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts.get("llga::row_linear") == 1 and counts.get("llga::head64_attention") == 1, counts

@@ -17,6 +17,7 @@
 #include "jit/codegen/onednn/kernels/decode_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 
@@ -215,6 +216,7 @@ torch::jit::RegisterOperators registered({torch::jit::Operator(
     "llga::decode_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, int[]? key_expanded, "
     "int[]? key_shape, int[]? value_expanded, int[]? value_shape) -> Tensor",
     [](torch::jit::Stack& stack) {
+      RECORD_FUNCTION("llga::decode_attention", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
       auto list = [](const c10::IValue& i) {
         return i.isNone() ? std::nullopt : std::optional<std::vector<int64_t>>(i.toIntVector());
       };

@@ -27,6 +27,7 @@
 #include "jit/codegen/onednn/kernels/head64_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 
@@ -354,6 +355,7 @@ at::Tensor head64_attention(const at::Tensor& q, const at::Tensor& k, const at::
 torch::jit::RegisterOperators registered({torch::jit::Operator(
     "llga::head64_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float? scale, bool merged_heads) -> Tensor",
     [](torch::jit::Stack& stack) {
+      RECORD_FUNCTION("llga::head64_attention", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
       bool merged_heads = torch::jit::pop(stack).toBool();
       auto scale = torch::jit::pop(stack).toOptional<double>();
       auto mask = torch::jit::pop(stack).toOptional<at::Tensor>();

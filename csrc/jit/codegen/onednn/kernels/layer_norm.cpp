@@ -7,6 +7,7 @@
 #include "jit/codegen/onednn/settings/choices.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 
@@ -116,6 +117,7 @@ torch::jit::RegisterOperators registered({
     torch::jit::Operator(
         "llga::layer_norm(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> Tensor",
         [](torch::jit::Stack& stack) {
+          RECORD_FUNCTION("llga::layer_norm", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
           double eps = torch::jit::pop(stack).toDouble();
           auto bias = torch::jit::pop(stack).toOptional<at::Tensor>();
           auto weight = torch::jit::pop(stack).toOptional<at::Tensor>();

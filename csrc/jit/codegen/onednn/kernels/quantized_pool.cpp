@@ -10,6 +10,7 @@
 #include "jit/codegen/onednn/kernels/quantized_pool.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -177,6 +178,7 @@ torch::jit::RegisterOperators registered({
         "llga::quantized_max_pool2d(Tensor x, int[] kernel_size, int[] stride, int[] padding, int[] dilation, bool ceil_mode, "
         "float scale, int zero_point, ScalarType dtype) -> Tensor",
         [](torch::jit::Stack& stack) {
+          RECORD_FUNCTION("llga::quantized_max_pool2d", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
           auto dtype = static_cast<c10::ScalarType>(torch::jit::pop(stack).toInt());
           int64_t zero_point = torch::jit::pop(stack).toInt();
           double scale = torch::jit::pop(stack).toDouble();

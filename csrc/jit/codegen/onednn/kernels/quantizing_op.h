@@ -3,6 +3,7 @@
 // float scale, int zero_point, ScalarType dtype) -> Tensor" (quantize.cpp, quantized_pool.cpp,
 // requantize.cpp): its arguments popped off the stack, its result pushed.
 #include <ATen/Tensor.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 
 #include <string>
@@ -15,7 +16,8 @@ template <QuantizingKernel kKernel>
 torch::jit::Operator quantizing_operator(const std::string& name) {
   return torch::jit::Operator(
       "llga::" + name + "(Tensor x, float scale, int zero_point, ScalarType dtype) -> Tensor",
-      [](torch::jit::Stack& stack) {
+      [event = "llga::" + name](torch::jit::Stack& stack) {
+        RECORD_FUNCTION(event, c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
         auto dtype = static_cast<c10::ScalarType>(torch::jit::pop(stack).toInt());
         int64_t zero_point = torch::jit::pop(stack).toInt();
         double scale = torch::jit::pop(stack).toDouble();

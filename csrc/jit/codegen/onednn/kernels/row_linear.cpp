@@ -24,6 +24,7 @@
 #include "jit/codegen/onednn/settings/choices.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 
@@ -222,6 +223,7 @@ torch::jit::RegisterOperators registered({
     torch::jit::Operator(
         "llga::row_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
         [](torch::jit::Stack& stack) {
+          RECORD_FUNCTION("llga::row_linear", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
           auto bias = torch::jit::pop(stack).toOptional<at::Tensor>();
           at::Tensor weight = torch::jit::pop(stack).toTensor();
           at::Tensor x = torch::jit::pop(stack).toTensor();
@@ -231,6 +233,7 @@ torch::jit::RegisterOperators registered({
     torch::jit::Operator(
         "llga::rms_norm_row_linear(Tensor x, Tensor? norm_weight, float? eps, Tensor weight, Tensor? bias) -> Tensor",
         [](torch::jit::Stack& stack) {
+          RECORD_FUNCTION("llga::rms_norm_row_linear", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
           auto bias = torch::jit::pop(stack).toOptional<at::Tensor>();
           at::Tensor weight = torch::jit::pop(stack).toTensor();
           auto eps = torch::jit::pop(stack).toOptional<double>();

@@ -24,6 +24,7 @@
 #include "onednn/cpu_features.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 
@@ -165,6 +166,7 @@ at::Tensor attend_own(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 torch::jit::RegisterOperators registered({torch::jit::Operator(
     "llga::small_head_attention(Tensor query, Tensor key, Tensor value, float? scale) -> Tensor",
     [](torch::jit::Stack& stack) {
+      RECORD_FUNCTION("llga::small_head_attention", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
       auto scale = torch::jit::pop(stack).toOptional<double>();
       at::Tensor v = torch::jit::pop(stack).toTensor();
       at::Tensor k = torch::jit::pop(stack).toTensor();

@@ -9,6 +9,7 @@
 #include "jit/codegen/onednn/kernels/widened_linear.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/jit/runtime/custom_operator.h>
 
 #include <algorithm>
@@ -81,6 +82,7 @@ namespace {
 torch::jit::RegisterOperators registered({torch::jit::Operator(
     "llga::widened_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
     [](torch::jit::Stack& stack) {
+      RECORD_FUNCTION("llga::widened_linear", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
       auto bias = torch::jit::pop(stack).toOptional<at::Tensor>();
       at::Tensor weight = torch::jit::pop(stack).toTensor();
       at::Tensor x = torch::jit::pop(stack).toTensor();
