@@ -163,6 +163,8 @@ def main(argv=None):
     parser.add_argument("--max-slope", type=float, default=1.0, help="MB a minute allowed after warm-up")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--plain", action="store_true", help="plain TorchScript (torch_llga not enabled): the baseline")
+    parser.add_argument("--trace", action="store_true",
+                        help="a line a minute on stderr: resident and heap MB, the kept buffers, choice records, cached partitions")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
@@ -183,6 +185,11 @@ def main(argv=None):
             heap = heap_in_use_mb()
             if heap is not None:
                 heap_samples.append(((now - start) / 60, heap))
+            if args.trace and len(samples) % 12 == 0:
+                st = torch_llga.stats()
+                print(f"{samples[-1][0]:6.1f} min  rss {samples[-1][1]:7.1f}  heap {heap or 0:7.1f}  kept buffers "
+                      f"{st['kept_buffer_bytes'] / 2**20:6.1f}  records {len(torch_llga.choices()):6d}  cached partitions "
+                      f"{st['cached_partitions']:4d}  compilations {st['compilations']:6d}  reloads {soak.reloads}", file=sys.stderr, flush=True)
             if now >= next_reload and now < deadline:
                 soak.reload(names[int(now) % len(names)])
                 next_reload = now + args.reload_seconds

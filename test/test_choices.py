@@ -237,6 +237,30 @@ def test_a_fused_group_runs_what_is_pinned(pins, pin):
         assert after["executions"] - before["executions"] == len(fused.groups)
 
 
+def test_a_dropped_modules_choices_go_with_it(tmp_path):
+    # A service that reloads its models keeps the records of what is alive, not a growing history:
+    # a loaded module's records go when it is dropped (a traced one's code, and so its groups, live
+    # in PyTorch's global compilation unit until exit: release() drops their records instead).
+    import gc
+
+    model, x = ConvNet().eval(), torch.randn(1, 3, 24, 24)
+    with torch.no_grad():
+        torch.jit.save(torch.jit.freeze(torch.jit.trace(model, x)), str(tmp_path / "m.pt"))
+    since = last_seq()
+    loaded = torch.jit.load(str(tmp_path / "m.pt"))
+    with torch.no_grad(), torch_llga.enabled():
+        for _ in range(6):
+            torch.testing.assert_close(loaded(x), model(x), **FP32)
+    assert len(new_choices(since, "fusion_group")) == 2
+    del loaded
+    gc.collect()
+    assert new_choices(since, "fusion_group") == []
+    fused = Fused(model, (x,), runs=6)
+    assert len(new_choices(since, "fusion_group")) == len(fused.groups) == 2
+    torch_llga.release(fused.module)
+    assert new_choices(since, "fusion_group") == []
+
+
 def test_a_fused_groups_choice_is_measured_and_reported():
     # Each group's compiled partition: its 2nd to 4th executions also run its ops in PyTorch, timed
     # (one extra run when the partition is clearly faster); the choice follows the best times, and

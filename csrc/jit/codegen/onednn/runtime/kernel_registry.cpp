@@ -12,6 +12,7 @@
 
 #include "jit/codegen/onednn/mapping/llga_nodes.h"
 #include "jit/codegen/onednn/runtime/runtime.h"
+#include "jit/codegen/onednn/settings/choices.h"
 
 namespace llga {
 
@@ -50,6 +51,7 @@ void unregister_kernel(int64_t group_id, FusionKernel* kernel) {
       g_kernels.erase(it);
       break;
     }
+  if (g_kernels.count(group_id) == 0) choices::forget_group(group_id);
 }
 
 int64_t release_compiled_partitions(const torch::jit::Graph* g) {
@@ -58,7 +60,10 @@ int64_t release_compiled_partitions(const torch::jit::Graph* g) {
   int64_t before = runtime::stats().cached_partitions.load();
   std::lock_guard<std::mutex> lock(g_kernels_mutex);
   for (auto& [id, kernel] : g_kernels)
-    if (!g || ids.count(id)) kernel->release();
+    if (!g || ids.count(id)) {
+      kernel->release();
+      choices::forget_group(id);  // measured again when it compiles again
+    }
   return before - runtime::stats().cached_partitions.load();
 }
 

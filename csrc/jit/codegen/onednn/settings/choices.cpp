@@ -146,6 +146,12 @@ void record(Record r) {
   if (g_records.size() > kKeptRecords) g_records.pop_front();
 }
 
+void forget_group(int64_t group_id) {
+  if (group_id < 0) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::erase_if(g_records, [&](const Record& r) { return r.group_id == group_id; });
+}
+
 std::vector<Record> records() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return {g_records.begin(), g_records.end()};

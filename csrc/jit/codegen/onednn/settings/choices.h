@@ -56,6 +56,9 @@ struct Record {
   int64_t seq = 0;  // set by record(): the order of all records
 };
 void record(Record r);  // logged (">>choices") and kept (the last 10,000)
+// A dropped group's records go with it (its last kernel destroyed: the module released or freed),
+// so that a service reloading models keeps the records of what is alive, not a history.
+void forget_group(int64_t group_id);
 std::vector<Record> records();
 int64_t measured_count();
 
@@ -75,7 +78,7 @@ double thread_cpu_ns();
 
 // A timed choice between candidates that can each be run on the same inputs (pure functions of
 // them): the first call at a key runs them interleaved for up to `kRounds` rounds (fewer when
-// the default's best is under half of every other's: the answer is clear), keeps each one's best
+// the default's best is under half of every other's after two: the answer is clear), keeps each one's best
 // wall time, chooses, records; `run(i)` runs candidate i and returns its result, the chosen
 // candidate's last result is the call's. Later calls at that key run the choice.
 // What a choice is keyed by: sizes and dtypes as numbers (built per call without allocating).
@@ -124,7 +127,9 @@ class Chooser {
         results[j] = run_candidate(j);
         best[j] = std::min(best[j], now_ns() - start);
       }
-      bool clear = true;
+      // (not after the first round: a candidate's first run may include its one-time setup, such
+      // as compiling oneDNN's kernel for these sizes)
+      bool clear = round >= 1;
       for (size_t j = 1; j < n; ++j) clear = clear && best[0] * 2 < best[j];
       if (clear) break;
     }
