@@ -6,6 +6,9 @@
 #include "onednn/torch_onednn.h"
 
 #include <atomic>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -87,6 +90,11 @@ void flush_dropped_constants() {
   if (!g_flush_due.exchange(false, std::memory_order_relaxed) || !constant_cache_enabled()) return;
   stats().constant_cache_flushes.fetch_add(1, std::memory_order_relaxed);
   empty_constant_cache();
+#ifdef __GLIBC__
+  // The dropped models' memory (weights, compiled kernels) was freed between live allocations of
+  // glibc's per-thread heaps, which keep such holes resident: their pages go back to the system.
+  malloc_trim(0);
+#endif
 }
 
 // oneDNN's compiled-partition cache is off where it can return a freed partition's kernel
