@@ -4,6 +4,8 @@
 // PyTorch's and oneDNN's kernels compute the same quantities in other orders: outputs agree to
 // float rounding (test_pt2e.py checks 1e-5 against eager's).
 #include "jit/codegen/onednn/kernels/layer_norm.h"
+
+#include "aten/LlgaTensorImpl/LlgaTensorImpl.h"
 #include "jit/codegen/onednn/settings/choices.h"
 
 #include <ATen/ATen.h>
@@ -14,7 +16,6 @@
 #include <cmath>
 
 #include "jit/codegen/onednn/kernels/vector_math.h"
-#include "jit/codegen/onednn/runtime/to_dense.h"
 #include "onednn/cpu_features.h"
 
 namespace llga {
@@ -83,7 +84,9 @@ at::Tensor normalized_rows(const at::Tensor& x, const std::optional<at::Tensor>&
 
 at::Tensor normalized(const at::Tensor& input, c10::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
                       const std::optional<at::Tensor>& bias, double eps) {
-  const at::Tensor x = llga_to_dense(input);
+  // A group's output read by this op is strided (layout_propagation.cpp: only groups read LLGA tensors).
+  TORCH_INTERNAL_ASSERT(!is_llga_tensor(input), "llga::layer_norm was given a tensor in oneDNN's layout");
+  const at::Tensor& x = input;
   const int64_t n = x.dim() ? x.size(-1) : 0;
   if (!own_layer_norm_runs() || !x.device().is_cpu() || x.scalar_type() != at::kFloat || x.layout() != c10::kStrided ||
       !x.is_contiguous() || x.requires_grad() || normalized_shape.size() != 1 || normalized_shape[0] != n || n == 0 ||

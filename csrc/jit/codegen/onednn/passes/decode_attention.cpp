@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/decode_attention.h"
+#include "jit/codegen/onednn/mapping/sdpa_call.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/settings/settings.h"
 
@@ -26,12 +27,6 @@ namespace llga {
 namespace {
 
 using torch::jit::TensorType;
-
-std::optional<std::vector<int64_t>> sizes_of(const Value* v) {
-  auto t = v->type()->cast<TensorType>();
-  if (!t || !t->isComplete()) return std::nullopt;
-  return *t->sizes().concrete_sizes();
-}
 
 // Whether n is x[..., :, ...] as traced: a slice from 0 to the end, step 1 (a view of all of x,
 // whatever its sizes).
@@ -84,22 +79,13 @@ struct DecodeStep {
 
 // The attention to rewrite, found before any change (the alias analysis describes the graph as it was).
 void find_decode_attention(torch::jit::Block* block, const torch::jit::AliasDb& db, std::vector<DecodeStep>& found) {
-  static const char* kSchema =
-      "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
-      "float dropout_p=0., bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor";
   for (Node* n : block->nodes()) {
     for (auto* b : n->blocks()) find_decode_attention(b, db, found);
-    if (!n->matches(kSchema)) continue;
-    auto q = n->input(0)->type()->cast<TensorType>();
-    auto qs = sizes_of(n->input(0)), ks = sizes_of(n->input(1)), vs = sizes_of(n->input(2));
-    auto dropout = torch::jit::constant_as<double>(n->input(4));
-    auto causal = torch::jit::constant_as<bool>(n->input(5));
-    auto gqa = torch::jit::constant_as<bool>(n->input(7));
-    auto scale = torch::jit::toIValue(n->input(6));
-    if (!q || !qs || !ks || !vs || qs->size() != 4 || *ks != *vs || ks->size() != 4 ||
-        (q->scalarType() != at::kFloat && q->scalarType() != at::kBFloat16) ||
-        (*qs)[0] != (*ks)[0] || (*qs)[1] != (*ks)[1] || (*qs)[3] != (*ks)[3] || !decode_attention_runs((*qs)[3], (*qs)[2]) ||
-        !dropout || *dropout != 0 || !causal || *causal || !gqa || *gqa || !scale || !(scale->isNone() || scale->isDouble()))
+    auto call = sdpa_call(n);
+    if (!call) continue;
+    const auto &qs = call->q_sizes, &ks = call->k_sizes;
+    if (ks != call->v_sizes || (call->dtype != at::kFloat && call->dtype != at::kBFloat16) || qs[0] != ks[0] ||
+        qs[1] != ks[1] || qs[3] != ks[3] || !decode_attention_runs(qs[3], qs[2]))
       continue;
     auto k = repeated_heads(n->input(1)), v = repeated_heads(n->input(2));
     if (!k || !v || written_between(db, k->copy, n, k->source) || written_between(db, v->copy, n, v->source)) k = v = std::nullopt;

@@ -15,6 +15,7 @@
 #include "jit/codegen/onednn/kernels/small_head_attention.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
+#include "jit/codegen/onednn/mapping/sdpa_call.h"
 #include "jit/codegen/onednn/passes/passes.h"
 #include "jit/codegen/onednn/passes/type_inference.h"
 #include "jit/codegen/onednn/settings/settings.h"
@@ -236,32 +237,24 @@ bool merges_heads(const Value* out) {
 }
 
 void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
-  static const char* kSchema =
-      "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
-      "float dropout_p=0., bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor";
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     Node* n = *it++;
     for (auto* b : n->blocks()) decompose_sdpa(b, db);
-    if (!n->matches(kSchema)) continue;
+    auto call = sdpa_call(n);
+    if (!call) continue;
     if (std::any_of(n->inputs().begin(), n->inputs().begin() + 4,
                     [&](const Value* v) { return v->type()->cast<torch::jit::TensorType>() && db.hasWriters(v); }))
       continue;
     auto q = n->input(0)->type()->cast<torch::jit::TensorType>(), k = n->input(1)->type()->cast<torch::jit::TensorType>(),
          v = n->input(2)->type()->cast<torch::jit::TensorType>();
-    auto dropout = torch::jit::constant_as<double>(n->input(4));
-    auto causal = torch::jit::constant_as<bool>(n->input(5));
-    auto gqa = torch::jit::constant_as<bool>(n->input(7));
-    auto scale_arg = torch::jit::toIValue(n->input(6));
-    if (!q || !k || !v || !q->isComplete() || !k->isComplete() || !v->isComplete() || q->dim() != 4 || k->dim() != 4 ||
-        v->dim() != 4 || !to_dnnl_dtype(*q->scalarType()) || q->scalarType() != k->scalarType() ||
-        q->scalarType() != v->scalarType() || !dropout || *dropout != 0 || !causal || *causal || !gqa || *gqa ||
-        !scale_arg || !(scale_arg->isNone() || scale_arg->isDouble()))
+    if (!q->isComplete() || !k->isComplete() || !v->isComplete() || !to_dnnl_dtype(call->dtype) ||
+        q->scalarType() != k->scalarType() || q->scalarType() != v->scalarType())
       continue;
     if (q->scalarType() == at::kBFloat16 && !onednn::cpu().bf16) {  // spelled out, its ops would be eager's bf16 ones
       n->s_(kUnfusedReason, kNoBf16KernelsReason);
       continue;
     }
-    auto qs = *q->sizes().concrete_sizes(), ks = *k->sizes().concrete_sizes(), vs = *v->sizes().concrete_sizes();
+    const auto &qs = call->q_sizes, &ks = call->k_sizes, &vs = call->v_sizes;
     auto dense = [](const torch::jit::TensorType& t) {  // a meta tensor: sizes and strides only
       return at::empty_strided(*t.sizes().concrete_sizes(), *t.strides().concrete_sizes(), at::TensorOptions().device(at::kMeta))
           .is_non_overlapping_and_dense();
