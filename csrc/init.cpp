@@ -189,6 +189,7 @@ PYBIND11_MODULE(_C, m) {
       pybind11::dict row;
       row["schema"] = e.schema;
       row["onednn"] = e.maps_to_onednn();
+      row["onednn_op"] = e.maps_to_onednn() ? llga::kind_name(e.kind) : "";
       row["flags"] = flags;
       row["plan_step"] = static_cast<int>(e.plan_step);
       rows.append(row);

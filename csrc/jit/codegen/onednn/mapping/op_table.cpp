@@ -717,6 +717,63 @@ const std::vector<OpEntry>& op_table() {
   return table;
 }
 
+const char* kind_name(op::kind kind) {
+  switch (kind) {
+    case K::Abs: return "Abs";
+    case K::Add: return "Add";
+    case K::AvgPool: return "AvgPool";
+    case K::BatchNormInference: return "BatchNormInference";
+    case K::Clamp: return "Clamp";
+    case K::Concat: return "Concat";
+    case K::ConvTranspose: return "ConvTranspose";
+    case K::Convolution: return "Convolution";
+    case K::Dequantize: return "Dequantize";
+    case K::Divide: return "Divide";
+    case K::Elu: return "Elu";
+    case K::Exp: return "Exp";
+    case K::GELU: return "GELU";
+    case K::GroupNorm: return "GroupNorm";
+    case K::HardSigmoid: return "HardSigmoid";
+    case K::HardSwish: return "HardSwish";
+    case K::Interpolate: return "Interpolate";
+    case K::LayerNorm: return "LayerNorm";
+    case K::LeakyReLU: return "LeakyReLU";
+    case K::Log: return "Log";
+    case K::LogSoftmax: return "LogSoftmax";
+    case K::MatMul: return "MatMul";
+    case K::MaxPool: return "MaxPool";
+    case K::Maximum: return "Maximum";
+    case K::Minimum: return "Minimum";
+    case K::Mish: return "Mish";
+    case K::Multiply: return "Multiply";
+    case K::PReLU: return "PReLU";
+    case K::Pow: return "Pow";
+    case K::Quantize: return "Quantize";
+    case K::RMSNorm: return "RMSNorm";
+    case K::ReLU: return "ReLU";
+    case K::Reciprocal: return "Reciprocal";
+    case K::ReduceMax: return "ReduceMax";
+    case K::ReduceMean: return "ReduceMean";
+    case K::ReduceMin: return "ReduceMin";
+    case K::ReduceSum: return "ReduceSum";
+    case K::Reorder: return "Reorder";
+    case K::Round: return "Round";
+    case K::Select: return "Select";
+    case K::Sigmoid: return "Sigmoid";
+    case K::SoftMax: return "SoftMax";
+    case K::SoftPlus: return "SoftPlus";
+    case K::Sqrt: return "Sqrt";
+    case K::Square: return "Square";
+    case K::StaticReshape: return "StaticReshape";
+    case K::StaticTranspose: return "StaticTranspose";
+    case K::Subtract: return "Subtract";
+    case K::Tanh: return "Tanh";
+    case K::TypeCast: return "TypeCast";
+    case K::Wildcard: return "Wildcard";
+    default: return "?";
+  }
+}
+
 const char* flag_name(unsigned bit) {
   switch (bit) {
     case kWorthAlone: return "kWorthAlone";

@@ -115,6 +115,8 @@ const std::vector<OpEntry>& op_table();
 
 // The name of one OpFlags bit ("kWorthAlone"), or null.
 const char* flag_name(unsigned bit);
+// The oneDNN Graph op's name ("MatMul"), for the docs the table prints.
+const char* kind_name(op::kind kind);
 
 // The entry whose schema the node has, if any (conditions not checked).
 const OpEntry* find_entry(const Node* n);
