@@ -143,6 +143,7 @@ ATTENTION = {  # site: (q, k, v sizes it takes, the kernel's node)
     "head64_attention": ((1, 2, 128, 64), (1, 2, 160, 64), "llga::head64_attention"),
     "small_head_attention": ((1, 2, 100, 8), (1, 2, 600, 8), "llga::small_head_attention"),
     "decode_attention": ((1, 2, 1, 64), (1, 2, 300, 64), "llga::decode_attention"),
+    "long_attention": ((1, 2, 40, 32), (1, 2, 1100, 32), "llga::long_attention"),
 }
 
 

@@ -180,6 +180,28 @@ def test_the_wheel_holds_every_documented_tool(tmp_path):
     assert shipped == {str(p.relative_to(ROOT / "torch_llga")) for p in (ROOT / "torch_llga").rglob("*.py")}
 
 
+def test_the_ops_doc_is_the_op_tables(tmp_path):
+    """docs/ops.md's generated part is what the op table and the own kernel table give now; a stale
+    part is reported in one line and --write replaces it, leaving the hand-written part."""
+    out = without_optional("torch_llga.tools.ops_doc", "--check", "docs/ops.md")
+    assert out.returncode == 0, out.stderr
+    page = (ROOT / "docs" / "ops.md").read_text()
+    stale = tmp_path / "ops.md"
+    stale.write_text(page.replace("| `relu` | ReLU |", "| `relu` | Tanh |"))
+    out = without_optional("torch_llga.tools.ops_doc", "--check", str(stale))
+    assert out.returncode == 1
+    assert out.stderr.strip() == (f"{stale} is not what the op table gives now: run python -m torch_llga.tools.ops_doc "
+                                  f"--write {stale}")
+    out = without_optional("torch_llga.tools.ops_doc", "--write", str(stale))
+    assert out.returncode == 0, out.stderr
+    assert stale.read_text() == page
+    # A page without the markers gets them, with the part, at its end.
+    from torch_llga.tools.ops_doc import BEGIN, END, generated_part, with_part
+
+    written = with_part("# Ops\n\nProse.\n", "part\n")
+    assert written == f"# Ops\n\nProse.\n\n{BEGIN}\n\npart\n{END}\n" and generated_part(written) == "part\n"
+
+
 @pytest.mark.parametrize("module,args,message", [
     ("torch_llga.tools.demo", [], "the demo needs torchvision, which is not installed: pip install torchvision"),
     ("torch_llga.tools.layer_times", ["--model", "mobilenet_v2"], "mobilenet_v2 needs torchvision"),

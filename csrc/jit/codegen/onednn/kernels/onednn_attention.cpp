@@ -5,7 +5,9 @@
 
 #include <ATen/ATen.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
+#include <ATen/record_function.h>
 #include <torch/csrc/jit/jit_log.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
 
 #include <cmath>
 #include <map>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/attention_ops.h"
+#include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/buffer_pool.h"
 #include "onednn/torch_onednn.h"
 
@@ -170,5 +173,37 @@ std::optional<at::Tensor> onednn_attention(const at::Tensor& q, const at::Tensor
   c->partition.execute(stream(), inputs, {output});
   return out;
 }
+
+namespace {
+
+at::Tensor long_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
+  auto pytorch = [&] { return reference_attention(q, k, v, std::nullopt, scale, AttentionLayout::kContiguous); };
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return pytorch();  // and its own errors
+  static choices::Chooser<at::Tensor> chooser("long_attention");
+  const choices::Key key{static_cast<int64_t>(q.scalar_type()), q.size(0) * q.size(1), choices::bucket(q.size(2)),
+                         choices::bucket(k.size(2)), q.size(3), v.size(3)};
+  auto describe = [&] {
+    return std::pair{std::string("llga::long_attention"), c10::str(q.sizes(), " x ", k.size(2), " keys ", q.scalar_type())};
+  };
+  return chooser.run(key, describe, [&](size_t i) {
+    if (i == 1)
+      if (auto out = onednn_attention(q, k, v, std::nullopt, scale, AttentionLayout::kContiguous)) return *out;
+    return pytorch();
+  });
+}
+
+torch::jit::RegisterOperators registered({torch::jit::Operator(
+    "llga::long_attention(Tensor query, Tensor key, Tensor value, float? scale) -> Tensor",
+    [](torch::jit::Stack& stack) {
+      RECORD_FUNCTION("llga::long_attention", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
+      auto scale = torch::jit::pop(stack).toOptional<double>();
+      at::Tensor v = torch::jit::pop(stack).toTensor();
+      at::Tensor k = torch::jit::pop(stack).toTensor();
+      at::Tensor q = torch::jit::pop(stack).toTensor();
+      torch::jit::push(stack, long_attention(q, k, v, scale));
+    },
+    c10::AliasAnalysisKind::FROM_SCHEMA)});
+
+}  // namespace
 
 }  // namespace llga

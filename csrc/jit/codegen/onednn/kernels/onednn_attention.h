@@ -3,6 +3,7 @@
 // kernels are timed against beside PyTorch's (choice sites head64_attention and
 // small_head_attention), so that where oneDNN's kernel is the fastest on a CPU, it runs.
 #include <ATen/Tensor.h>
+#include <ATen/core/symbol.h>
 
 #include <optional>
 
@@ -18,5 +19,10 @@ std::optional<at::Tensor> onednn_attention(const at::Tensor& q, const at::Tensor
                                            const std::optional<at::Tensor>& mask, std::optional<double> scale,
                                            AttentionLayout layout);
 constexpr size_t kOnednnAttentionCapacity = 64;
+
+// llga::long_attention(q, k, v, scale): unmasked fp32 attention over many keys that no own kernel
+// takes, PyTorch's flash kernel or oneDNN's SDPA by measurement (choice site long_attention);
+// its output contiguous.
+inline const c10::Symbol kLongAttention = c10::Symbol::fromQualString("llga::long_attention");
 
 }  // namespace llga

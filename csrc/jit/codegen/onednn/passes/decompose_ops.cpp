@@ -12,6 +12,7 @@
 
 #include "jit/codegen/onednn/kernels/attention_ops.h"
 #include "jit/codegen/onednn/kernels/head64_attention.h"
+#include "jit/codegen/onednn/kernels/onednn_attention.h"
 #include "jit/codegen/onednn/kernels/small_head_attention.h"
 #include "jit/codegen/onednn/mapping/onednn_quirks.h"
 #include "jit/codegen/onednn/mapping/op_table.h"
@@ -203,10 +204,10 @@ const c10::Symbol kSdpaScale = c10::Symbol::fromQualString("llga::sdpa_scale");
 // Not where q, k, v or the mask is written in place anywhere: the fuser maps no op whose tensors
 // are (graph_fuser.cpp), so the spelled-out ops would stay in PyTorch, the softmax alone a group
 // whose guard then sends every masked call (-inf scores) to its fallback (fuzzing).
-// Unmasked fp32 attention over this many keys or more stays PyTorch's SDPA (its flash kernel):
-// oneDNN's SDPA took 1.21x its time at 8 x 1,024 x 64 and 1.28x at Whisper's 6 x 1,500 x 64, level
-// at 512 keys and below (in-process A/B, 2 threads, AMD EPYC Zen 3, AVX2); Whisper's encoder ran
-// 0.92x the time with it (12 interleaved rounds).
+// Unmasked fp32 attention over this many keys or more that no own kernel takes is
+// llga::long_attention: PyTorch's flash kernel (its default) or oneDNN's SDPA, timed at run time
+// (oneDNN's took 1.2-1.3x the flash kernel's time there on one AVX2 CPU, level at 512 keys and below).
+// With own kernels off, PyTorch's SDPA.
 constexpr int64_t kFlashAttentionMinKeys = 1024;
 const char* kNoBf16KernelsReason = "oneDNN has no bf16 kernels on this CPU: PyTorch's attention kernel";
 const char* kFlashAttentionReason =
@@ -312,7 +313,16 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
       continue;
     }
     if (!has_mask && q->scalarType() == at::kFloat && ks[2] >= kFlashAttentionMinKeys) {
-      n->s_(kUnfusedReason, kFlashAttentionReason);
+      if (!runtime::own_kernels_enabled() || runtime::switched_off("long_attention")) {
+        n->s_(kUnfusedReason, kFlashAttentionReason);
+        continue;
+      }
+      // PyTorch's flash kernel or oneDNN's SDPA, measured at run time (llga::long_attention).
+      Value* out = g->insert(kLongAttention, {n->input(0), n->input(1), n->input(2), n->input(6)});
+      std::vector<int64_t> out_sizes = {qs[0], qs[1], qs[2], vs[3]};
+      typed(out, *q, out_sizes, contiguous(out_sizes));
+      n->output()->replaceAllUsesWith(out);
+      n->destroy();
       continue;
     }
     Node* before = n->prev();  // what is inserted from here on lies between it and n

@@ -67,6 +67,8 @@ const std::vector<Site>& sites() {
        "attention of 64-wide heads, 96+ queries: llga::head64_attention, oneDNN's SDPA, or at::scaled_dot_product_attention"},
       {"small_head_attention", {"own", "onednn", "pytorch"}, 1.1, 0,
        "attention of 8- or 16-wide heads over 512+ keys: llga::small_head_attention, oneDNN's SDPA, or at::scaled_dot_product_attention"},
+      {"long_attention", {"pytorch", "onednn"}, 1.1, 0,
+       "unmasked fp32 attention over 1,024+ keys no own kernel takes: PyTorch's flash kernel, or oneDNN's SDPA"},
       {"decode_attention", {"own", "pytorch"}, 1.1, 0,
        "a decoder step's attention over its KV cache: llga::decode_attention, or at::scaled_dot_product_attention"},
       {"quantize_per_tensor", {"own", "pytorch"}, 1.1, 0, "an fp32 -> int8 quantize: llga::quantize_per_tensor, or PyTorch's"},
