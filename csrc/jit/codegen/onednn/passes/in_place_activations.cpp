@@ -43,8 +43,7 @@ bool fresh(const Value* v) {
   // A matmul's or binary op's: autograd keeps no output of theirs (a sigmoid's it keeps, for an
   // unfused fallback run with gradients on).
   if (group_result(v, kContraction | kBinary)) return true;
-  bool derived = n->kind() == c10::aten::gelu_ || n->kind() == c10::aten::view || n->kind() == c10::aten::reshape ||
-                 n->kind() == c10::aten::transpose || n->kind() == c10::aten::permute;
+  bool derived = n->kind() == c10::aten::gelu_ || (kind_flags(n->kind()) & kView);  // an earlier in-place GELU, a view op
   return derived && n->owningBlock() == n->input(0)->node()->owningBlock() && fresh(n->input(0));
 }
 
