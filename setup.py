@@ -85,7 +85,7 @@ setup(
     version="0.1.0",
     description="A oneDNN Graph (LLGA) fuser for TorchScript on CPU",
     # The library, its command line and its tools (python -m torch_llga.tools.bench, .check_models, .demo,
-    # .layer_times, .suite): the tools' models and runtimes (torchvision, transformers, matplotlib, OpenVINO,
+    # .layer_times, .ops_doc, .suite): the tools' models and runtimes (torchvision, transformers, matplotlib, OpenVINO,
     # ONNX Runtime) are optional, and a tool names the one it misses.
     packages=find_packages(include=["torch_llga", "torch_llga.*"]),
     # The suite runner's model lists (python -m torch_llga.tools.suite): PyTorch's CPU dashboard's.

@@ -199,7 +199,7 @@ def test_the_ops_doc_is_the_op_tables(tmp_path):
     from torch_llga.tools.ops_doc import BEGIN, END, generated_part, with_part
 
     written = with_part("# Ops\n\nProse.\n", "part\n")
-    assert written == f"# Ops\n\nProse.\n\n{BEGIN}\n\npart\n{END}\n" and generated_part(written) == "part\n"
+    assert written == f"# Ops\n\nProse.\n\n{BEGIN}\n\npart\n\n{END}\n" and generated_part(written) == "part\n"
 
 
 @pytest.mark.parametrize("module,args,message", [
