@@ -210,6 +210,24 @@ def test_masked_head64_attention_is_right_whichever_runs(pins, pin, mask_dtype):
     assert fused.output[1, 3].abs().max() == 0
 
 
+@pytest.mark.skipif(not AVX2, reason="torch_llga's head-64 attention kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("pin", ["own", "onednn", "pytorch"])
+def test_head64_attention_of_one_head_and_a_sliced_mask_is_right_whichever_runs(pins, pin):
+    # Layouts oneDNN misreads when handed as they are: one head (size-1 dims with odd strides in the
+    # heads' views and the merged-heads output) and a float mask sliced from a wider one; and NaN.
+    pins(head64_attention=pin)
+    torch.manual_seed(0)
+    x = torch.randn(1, 130, 64)
+    wide = torch.randn(1, 1, 130, 200)
+    mask = wide[..., 10:140]
+    model = MaskedSelfAttention(dim=64, heads=1).eval()
+    fused = check(model, x, mask, groups=SOME, rtol=1e-5, atol=5e-5)
+    assert fused.graph.findNode("llga::head64_attention") is not None, fused.graph
+    x[0, 5, 3] = float("nan")
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x, mask), model(x, mask), equal_nan=True, rtol=1e-5, atol=5e-5)
+
+
 class ConvNet(nn.Module):
     def __init__(self):
         super().__init__()

@@ -169,7 +169,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return t.dim() == 4 && (dtype == at::kFloat || dtype == at::kBFloat16) && t.scalar_type() == dtype &&
            t.device().is_cpu() && !t.requires_grad() && t.stride(3) == 1;
   };
-  auto eager = [&] { return reference_attention(q, as_eager(k, k_expanded, k_shape), as_eager(v, v_expanded, v_shape), mask, scale); };
+  // in the output's strides the graph was typed with (contiguous)
+  auto eager = [&] {
+    return reference_attention(q, as_eager(k, k_expanded, k_shape), as_eager(v, v_expanded, v_shape), mask, scale,
+                               AttentionLayout::kContiguous);
+  };
   const int64_t n = repeats(k, k_expanded, k_shape);
   const int64_t d = q.dim() == 4 ? q.size(3) : 0;
   bool ok = cpu_features().avx2_fma && n > 0 && repeats(v, v_expanded, v_shape) == n && fits(q) && fits(k) && fits(v) &&

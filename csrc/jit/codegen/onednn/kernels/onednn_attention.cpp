@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "jit/codegen/onednn/kernels/attention_ops.h"
+#include "jit/codegen/onednn/kernels/finite_scan.h"
 #include "jit/codegen/onednn/settings/choices.h"
 #include "onednn/buffer_pool.h"
 #include "onednn/torch_onednn.h"
@@ -122,25 +123,38 @@ std::optional<at::Tensor> onednn_attention(const at::Tensor& q, const at::Tensor
                                            AttentionLayout layout) {
   const auto dtype = q.scalar_type();
   auto fits = [&](const at::Tensor& t) {
-    return t.dim() == 4 && t.scalar_type() == dtype && t.device().is_cpu() && t.layout() == c10::kStrided && !t.requires_grad();
+    return t.dim() == 4 && t.scalar_type() == dtype && t.device().is_cpu() && t.layout() == c10::kStrided &&
+           !t.requires_grad() && t.numel() > 0;
   };
   if (!onednn::load_error().empty() || (dtype != at::kFloat && !(dtype == at::kBFloat16 && onednn::cpu().bf16)) || !fits(q) ||
-      !fits(k) || !fits(v) || (mask && (mask->dim() != 4 || !mask->device().is_cpu())))
+      !fits(k) || !fits(v) || k.size(3) != q.size(3) || v.size(2) != k.size(2) || q.size(0) != k.size(0) ||
+      q.size(1) != k.size(1) || v.size(0) != k.size(0) || v.size(1) != k.size(1) ||
+      (mask && (mask->dim() != 4 || !mask->device().is_cpu())))
     return std::nullopt;
-  // A bias broadcast over some dims (size 1 there) as it is; an expanded view (stride 0) made dense.
+  // Every operand dense and contiguous: oneDNN misreads some strided layouts a graph's tensors can
+  // have (odd strides of size-1 dims, square matrices with the heads between their rows and columns:
+  // onednn_quirks.cpp), which the fused groups work around and this kernel need not meet. A view of
+  // a projection's heads costs one copy here.
+  const at::Tensor qd = q.contiguous(), kd = k.contiguous(), vd = v.contiguous();
+  // NaN or Inf in q, k or v, or NaN or +Inf in a float mask: PyTorch's kernel says what they become.
+  auto finite = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat ? all_finite(t.const_data_ptr<float>(), t.numel())
+                                         : all_finite(t.const_data_ptr<c10::BFloat16>(), t.numel());
+  };
+  if (!finite(qd) || !finite(kd) || !finite(vd)) return std::nullopt;
   at::Tensor bias;
   if (mask) {
-    bias = mask->scalar_type() == at::kBool ? attention_bias(*mask, dtype) : *mask;
+    bias = mask->scalar_type() == at::kBool ? attention_bias(*mask, dtype) : mask->contiguous();
     if (bias.scalar_type() != dtype) return std::nullopt;
-    for (int i = 0; i < 4; ++i)
-      if (bias.stride(i) == 0 && bias.size(i) != 1) bias = bias.contiguous();
+    if (mask->scalar_type() != at::kBool && (at::isnan(bias).any().item<bool>() || at::isposinf(bias).any().item<bool>()))
+      return std::nullopt;
   }
-  const at::Tensor qd = q.stride(3) == 1 ? q : q.contiguous(), kd = k.stride(3) == 1 ? k : k.contiguous(),
-                   vd = v.stride(3) == 1 ? v : v.contiguous();
+  // [B, L, H, D] memory where the heads are merged next (with one head, the same memory as contiguous:
+  // allocated contiguous, so no size-1 dim has an odd stride).
+  const bool merged = layout == AttentionLayout::kMergedHeads && q.size(1) > 1;
+  at::Tensor out = merged ? at::empty({q.size(0), q.size(2), q.size(1), v.size(3)}, q.options()).transpose(1, 2)
+                          : at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   const at::Tensor factor = at::full({1, 1, 1, 1}, scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))), q.options());
-  at::Tensor out = layout == AttentionLayout::kMergedHeads
-                       ? at::empty({q.size(0), q.size(2), q.size(1), v.size(3)}, q.options()).transpose(1, 2)
-                       : at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   static std::mutex mutex;
   static std::map<std::vector<int64_t>, std::shared_ptr<Compiled>> cache;
   const std::vector<int64_t> key = key_of({&qd, &kd, &vd, mask ? &bias : nullptr, &out});
@@ -151,56 +165,66 @@ std::optional<at::Tensor> onednn_attention(const at::Tensor& q, const at::Tensor
     auto it = cache.find(key);
     if ((known = it != cache.end())) c = it->second;
   }
-  if (!known) {  // compiled outside the lock: another thread's call of another size goes on
-    try {
-      c = compiled(qd, kd, vd, mask ? &bias : nullptr, factor, out);
-    } catch (const std::exception& e) {  // dnnl::error
-      GRAPH_DEBUG("oneDNN did not compile the attention (", e.what(), ")");
-      c = nullptr;
+  try {
+    if (!known) {  // compiled outside the lock: another thread's call of another size goes on
+      try {
+        c = compiled(qd, kd, vd, mask ? &bias : nullptr, factor, out);
+      } catch (const std::exception& e) {  // dnnl::error, or std::out_of_range from oneDNN's pattern matcher
+        GRAPH_DEBUG("oneDNN did not compile the attention (", e.what(), ")");
+        c = nullptr;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      if (cache.size() >= kOnednnAttentionCapacity) cache.clear();  // sizes of a workload come back: recompiled then
+      cache.emplace(key, c);
     }
-    std::lock_guard<std::mutex> lock(mutex);
-    if (cache.size() >= kOnednnAttentionCapacity) cache.clear();  // sizes of a workload come back: recompiled then
-    cache.emplace(key, c);
+    if (!c) return std::nullopt;
+    std::vector<dnnl::graph::tensor> inputs;
+    inputs.reserve(c->inputs.size());
+    for (const logical_tensor& lt : c->inputs) {
+      const at::Tensor& t = lt.get_id() == kQ ? qd : lt.get_id() == kK ? kd : lt.get_id() == kV ? vd : lt.get_id() == kScale ? factor : bias;
+      inputs.emplace_back(lt, engine(), const_cast<void*>(t.const_data_ptr()));
+    }
+    dnnl::graph::tensor output(c->output, engine(), out.mutable_data_ptr());
+    c->partition.execute(stream(), inputs, {output});
+  } catch (const std::exception& e) {
+    GRAPH_DEBUG("oneDNN did not run the attention (", e.what(), ")");
+    return std::nullopt;
   }
-  if (!c) return std::nullopt;
-  std::vector<dnnl::graph::tensor> inputs;
-  inputs.reserve(c->inputs.size());
-  for (const logical_tensor& lt : c->inputs) {
-    const at::Tensor& t = lt.get_id() == kQ ? qd : lt.get_id() == kK ? kd : lt.get_id() == kV ? vd : lt.get_id() == kScale ? factor : bias;
-    inputs.emplace_back(lt, engine(), const_cast<void*>(t.const_data_ptr()));
-  }
-  dnnl::graph::tensor output(c->output, engine(), out.mutable_data_ptr());
-  c->partition.execute(stream(), inputs, {output});
+  // Scores that overflowed (finite inputs, a non-finite result): PyTorch's kernel says what they become.
+  if (!finite(out)) return std::nullopt;
   return out;
 }
 
 namespace {
 
-at::Tensor long_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
-  auto pytorch = [&] { return reference_attention(q, k, v, std::nullopt, scale, AttentionLayout::kContiguous); };
+at::Tensor long_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale,
+                          bool merged_heads) {
+  const AttentionLayout layout = merged_heads ? AttentionLayout::kMergedHeads : AttentionLayout::kContiguous;
+  auto pytorch = [&] { return reference_attention(q, k, v, std::nullopt, scale, layout); };
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return pytorch();  // and its own errors
   static choices::Chooser<at::Tensor> chooser("long_attention");
   const choices::Key key{static_cast<int64_t>(q.scalar_type()), q.size(0) * q.size(1), choices::bucket(q.size(2)),
-                         choices::bucket(k.size(2)), q.size(3), v.size(3)};
+                         choices::bucket(k.size(2)), q.size(3), v.size(3), merged_heads};
   auto describe = [&] {
     return std::pair{std::string("llga::long_attention"), c10::str(q.sizes(), " x ", k.size(2), " keys ", q.scalar_type())};
   };
   return chooser.run(key, describe, [&](size_t i) {
     if (i == 1)
-      if (auto out = onednn_attention(q, k, v, std::nullopt, scale, AttentionLayout::kContiguous)) return *out;
+      if (auto out = onednn_attention(q, k, v, std::nullopt, scale, layout)) return *out;
     return pytorch();
   });
 }
 
 torch::jit::RegisterOperators registered({torch::jit::Operator(
-    "llga::long_attention(Tensor query, Tensor key, Tensor value, float? scale) -> Tensor",
+    "llga::long_attention(Tensor query, Tensor key, Tensor value, float? scale, bool merged_heads) -> Tensor",
     [](torch::jit::Stack& stack) {
       RECORD_FUNCTION("llga::long_attention", c10::ArrayRef<const c10::IValue>{});  // its own event in torch.profiler
+      bool merged_heads = torch::jit::pop(stack).toBool();
       auto scale = torch::jit::pop(stack).toOptional<double>();
       at::Tensor v = torch::jit::pop(stack).toTensor();
       at::Tensor k = torch::jit::pop(stack).toTensor();
       at::Tensor q = torch::jit::pop(stack).toTensor();
-      torch::jit::push(stack, long_attention(q, k, v, scale));
+      torch::jit::push(stack, long_attention(q, k, v, scale, merged_heads));
     },
     c10::AliasAnalysisKind::FROM_SCHEMA)});
 

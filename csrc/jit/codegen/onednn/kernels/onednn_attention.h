@@ -20,9 +20,10 @@ std::optional<at::Tensor> onednn_attention(const at::Tensor& q, const at::Tensor
                                            AttentionLayout layout);
 constexpr size_t kOnednnAttentionCapacity = 64;
 
-// llga::long_attention(q, k, v, scale): unmasked fp32 attention over many keys that no own kernel
-// takes, PyTorch's flash kernel or oneDNN's SDPA by measurement (choice site long_attention);
-// its output contiguous.
+// llga::long_attention(q, k, v, scale, merged_heads): unmasked fp32 attention over many keys that no
+// own kernel takes, PyTorch's flash kernel or oneDNN's SDPA by measurement (choice site
+// long_attention); its output contiguous, or in [B, L, H, D] memory (merged_heads) where only the
+// heads' merge reads it.
 inline const c10::Symbol kLongAttention = c10::Symbol::fromQualString("llga::long_attention");
 
 }  // namespace llga

@@ -318,9 +318,11 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
         continue;
       }
       // PyTorch's flash kernel or oneDNN's SDPA, measured at run time (llga::long_attention).
-      Value* out = g->insert(kLongAttention, {n->input(0), n->input(1), n->input(2), n->input(6)});
+      bool merged_heads = merges_heads(n->output());
+      Value* out = g->insert(kLongAttention, {n->input(0), n->input(1), n->input(2), n->input(6), merged_heads});
       std::vector<int64_t> out_sizes = {qs[0], qs[1], qs[2], vs[3]};
-      typed(out, *q, out_sizes, contiguous(out_sizes));
+      typed(out, *q, out_sizes,
+            merged_heads ? std::vector<int64_t>{qs[2] * qs[1] * vs[3], vs[3], qs[1] * vs[3], 1} : contiguous(out_sizes));
       n->output()->replaceAllUsesWith(out);
       n->destroy();
       continue;

@@ -20,10 +20,12 @@ namespace {
 
 constexpr size_t kKeptRecords = 10000;
 
-std::mutex g_mutex;
+// The mutex and the records outlive every static (never destroyed): a fusion kernel destroyed at
+// exit forgets its group's records (forget_group) after this file's statics may be gone.
+std::mutex& g_mutex = *new std::mutex;
 std::vector<std::pair<const Site*, size_t>> g_pins;  // under g_mutex
 std::atomic<bool> g_any_pin{false};
-std::deque<Record> g_records;  // under g_mutex
+std::deque<Record>& g_records = *new std::deque<Record>;  // under g_mutex
 std::atomic<int64_t> g_measured{0};
 int64_t g_seq = 0;  // under g_mutex
 
