@@ -18,8 +18,9 @@ namespace llga {
 
 namespace {
 
-std::mutex g_kernels_mutex;
-std::unordered_multimap<int64_t, FusionKernel*> g_kernels;  // by group id
+// Never destroyed: a kernel destroyed at exit unregisters after this file's statics may be gone.
+std::mutex& g_kernels_mutex = *new std::mutex;
+std::unordered_multimap<int64_t, FusionKernel*>& g_kernels = *new std::unordered_multimap<int64_t, FusionKernel*>;  // by group id
 
 void collect_group_ids(const torch::jit::Block* b, std::unordered_set<int64_t>& out) {
   for (const Node* n : b->nodes()) {
