@@ -156,7 +156,8 @@ std::optional<at::Tensor> onednn_attention(const at::Tensor& q, const at::Tensor
                           : at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   const at::Tensor factor = at::full({1, 1, 1, 1}, scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))), q.options());
   static std::mutex mutex;
-  static std::map<std::vector<int64_t>, std::shared_ptr<Compiled>> cache;
+  static std::map<std::vector<int64_t>, std::shared_ptr<Compiled>> cache;  // a failed compilation: nullptr
+  static std::vector<std::vector<int64_t>> order;                         // the keys, oldest first
   const std::vector<int64_t> key = key_of({&qd, &kd, &vd, mask ? &bias : nullptr, &out});
   std::shared_ptr<Compiled> c;
   bool known = false;
@@ -174,8 +175,13 @@ std::optional<at::Tensor> onednn_attention(const at::Tensor& q, const at::Tensor
         c = nullptr;
       }
       std::lock_guard<std::mutex> lock(mutex);
-      if (cache.size() >= kOnednnAttentionCapacity) cache.clear();  // sizes of a workload come back: recompiled then
-      cache.emplace(key, c);
+      if (cache.emplace(key, c).second) {
+        order.push_back(key);
+        if (order.size() > kOnednnAttentionCapacity) {  // the oldest size goes
+          cache.erase(order.front());
+          order.erase(order.begin());
+        }
+      }
     }
     if (!c) return std::nullopt;
     std::vector<dnnl::graph::tensor> inputs;

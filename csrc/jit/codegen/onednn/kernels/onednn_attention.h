@@ -12,7 +12,7 @@
 namespace llga {
 
 // softmax(q k^T * scale [+ mask]) v as one oneDNN Graph partition compiled for these sizes, strides
-// and dtypes (kept: up to kOnednnAttentionCapacity at a time), its output in `layout` (kAsPyTorch:
+// and dtypes (kept: the last kOnednnAttentionCapacity sizes), its output in `layout` (kAsPyTorch:
 // contiguous); a boolean mask as its bias (True attends), a fully masked row 0 as in PyTorch's.
 // nullopt where oneDNN takes it as no single partition, or does not compile it.
 std::optional<at::Tensor> onednn_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
