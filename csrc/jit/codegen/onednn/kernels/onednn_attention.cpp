@@ -4,6 +4,7 @@
 #include "jit/codegen/onednn/kernels/onednn_attention.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/strides.h>
 #include <oneapi/dnnl/dnnl_graph.hpp>
 #include <ATen/record_function.h>
 #include <torch/csrc/jit/jit_log.h>
@@ -30,6 +31,8 @@ using dnnl::graph::logical_tensor;
 using dnnl::graph::op;
 using DataType = logical_tensor::data_type;
 
+// An engine of its own with the runtime's allocator (kernels/ include nothing of runtime/): this
+// partition holds no constants, so the runtime's constant-cache settings do not concern it.
 dnnl::engine& engine() {
   static dnnl::engine e = dnnl::graph::make_engine_with_allocator(dnnl::engine::kind::cpu, 0,
                                                                   dnnl::graph::allocator(onednn::allocate_buffer, onednn::free_buffer));
@@ -49,12 +52,6 @@ struct Compiled {
 
 enum Id : size_t { kQ, kK, kV, kScale, kBias, kScores, kScaled, kBiased, kProbabilities, kOut };
 
-std::vector<int64_t> contiguous(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * sizes[i];
-  return strides;
-}
-
 logical_tensor described(size_t id, DataType dtype, const at::Tensor& t) {
   return logical_tensor(id, dtype, t.sizes().vec(), t.strides().vec());
 }
@@ -66,7 +63,8 @@ std::shared_ptr<Compiled> compiled(const at::Tensor& q, const at::Tensor& k, con
   const std::vector<int64_t> scores = {q.size(0), q.size(1), q.size(2), k.size(2)};
   const logical_tensor lq = described(kQ, dtype, q), lk = described(kK, dtype, k), lv = described(kV, dtype, v),
                        lscale = described(kScale, dtype, scale), lout = described(kOut, dtype, out);
-  auto intermediate = [&](size_t id) { return logical_tensor(id, dtype, scores, contiguous(scores)); };
+  const auto strides = c10::contiguous_strides(scores);
+  auto intermediate = [&](size_t id) { return logical_tensor(id, dtype, scores, {strides.begin(), strides.end()}); };
   dnnl::graph::graph g(dnnl::engine::kind::cpu);
   op product(0, op::kind::MatMul, {lq, lk}, {intermediate(kScores)}, "scores");
   product.set_attr<bool>(op::attr::transpose_b, true);

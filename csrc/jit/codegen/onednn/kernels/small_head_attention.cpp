@@ -120,17 +120,22 @@ bool attend(const float* q, const float* kt, const float* v, int64_t heads, int6
   return !overflow.load();
 }
 
+// PyTorch's attention, in the contiguous output the graph typed this node with.
+at::Tensor contiguous_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
+  return reference_attention(q, k, v, std::nullopt, scale, AttentionLayout::kContiguous);
+}
+
 at::Tensor attend_own(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, float s, std::optional<double> scale);
 
 at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
   auto fits = [](const at::Tensor& t) {
     return t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.requires_grad();
   };
-  if (!cpu_features().avx2_fma || !fits(q) || !fits(k) || !fits(v)) return reference_attention(q, k, v, std::nullopt, scale);
+  if (!cpu_features().avx2_fma || !fits(q) || !fits(k) || !fits(v)) return contiguous_reference(q, k, v, scale);
   const int64_t D = q.size(3), keys = k.size(2);
   if ((D != 8 && D != 16) || k.size(3) != D || v.size(3) != D || v.size(2) != keys || keys == 0 || q.size(0) != k.size(0) ||
       q.size(0) != v.size(0) || q.size(1) != k.size(1) || q.size(1) != v.size(1))
-    return reference_attention(q, k, v, std::nullopt, scale);
+    return contiguous_reference(q, k, v, scale);
   const float s = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D)));
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2);
   // The kernel, oneDNN's SDPA kernel, or PyTorch's (choice site small_head_attention).
@@ -141,7 +146,7 @@ at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const 
     if (i == 0) return attend_own(q, k, v, s, scale);
     if (i == 1)
       if (auto out = onednn_attention(q, k, v, std::nullopt, scale, AttentionLayout::kContiguous)) return *out;
-    return reference_attention(q, k, v, std::nullopt, scale);
+    return contiguous_reference(q, k, v, scale);
   });
 }
 
@@ -155,12 +160,12 @@ at::Tensor attend_own(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   vp.narrow(2, 0, keys).copy_(v);
   // NaN or Inf anywhere: PyTorch's kernel says what they become.
   for (const at::Tensor* t : {&qc, &kt, &vp})
-    if (!all_finite(t->const_data_ptr<float>(), t->numel())) return reference_attention(q, k, v, std::nullopt, scale);
+    if (!all_finite(t->const_data_ptr<float>(), t->numel())) return contiguous_reference(q, k, v, scale);
   at::Tensor out = at::empty({batch, heads, queries, D}, q.options());
   auto run = D == 8 ? attend<8> : attend<16>;
   bool done = run(qc.const_data_ptr<float>(), kt.const_data_ptr<float>(), vp.const_data_ptr<float>(), batch * heads, queries,
                   keys, padded, s, out.mutable_data_ptr<float>());
-  return done ? out : reference_attention(q, k, v, std::nullopt, scale);
+  return done ? out : contiguous_reference(q, k, v, scale);
 }
 
 torch::jit::RegisterOperators registered({torch::jit::Operator(

@@ -31,7 +31,7 @@ std::optional<SdpaCall> sdpa_call(const torch::jit::Node* n) {
   auto dtype = n->input(0)->type()->expect<c10::TensorType>()->scalarType();
   if (!qs || !ks || !vs || !dtype) return std::nullopt;
   torch::jit::Value* mask = n->input(3)->type()->kind() == c10::TypeKind::NoneType ? nullptr : n->input(3);
-  return SdpaCall{n->input(0), n->input(1), n->input(2), mask, n->input(6), *qs, *ks, *vs, *dtype};
+  return SdpaCall{mask, *qs, *ks, *vs, *dtype};
 }
 
 }  // namespace llga

@@ -10,11 +10,9 @@
 namespace llga {
 
 struct SdpaCall {
-  torch::jit::Value *q, *k, *v;
-  torch::jit::Value* mask;   // nullptr: none
-  torch::jit::Value* scale;  // None or a float constant
+  torch::jit::Value* mask;  // nullptr: none
   std::vector<int64_t> q_sizes, k_sizes, v_sizes;
-  c10::ScalarType dtype;     // q's
+  c10::ScalarType dtype;    // q's
 };
 
 // The call n is, where it is one for inference: dropout 0, not causal, no grouped-query heads

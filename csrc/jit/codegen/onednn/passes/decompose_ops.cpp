@@ -262,7 +262,7 @@ void decompose_sdpa(torch::jit::Block* block, const torch::jit::AliasDb& db) {
     };
     if (qs[0] != ks[0] || qs[1] != ks[1] || ks[0] != vs[0] || ks[1] != vs[1] || qs[3] != ks[3] || ks[2] != vs[2]) continue;
     Value* mask = n->input(3);
-    bool has_mask = mask->type()->kind() != c10::TypeKind::NoneType;
+    const bool has_mask = call->mask != nullptr;
     bool bool_mask = false;
     if (has_mask) {
       auto m = mask->type()->cast<torch::jit::TensorType>();
