@@ -218,6 +218,7 @@ PYBIND11_MODULE(_C, m) {
       d["test"] = words(q.test);
       d["asked_in"] = q.asked_in;
       d["kernels"] = or_none(q.kernels);
+      d["measured"] = q.measured;  // a speed rule timed against the fused form (passes/speed_choices.cpp)
       d["active_here"] = llga::quirks::enabled(q.name);
       rows.append(d);
     }

@@ -53,6 +53,15 @@ def groups_on_onednn():
     torch_llga.pin_choices(None)
 
 
+@pytest.fixture
+def speed_rules_applied():
+    """The measured speed rules (onednn_quirks.h: a GELU post-op on AVX2, a group norm) applied as
+    rules, with no second form timed against them: what tests of a rule itself check."""
+    torch_llga.pin_choices("speed_rule=pytorch")
+    yield
+    torch_llga.pin_choices(None)
+
+
 class Fused:
     """A model traced (and frozen, if it is a module) with torch_llga on, run past profiling."""
 

@@ -388,3 +388,71 @@ def test_no_timing_while_the_machine_is_busy():
         assert [(c["chosen"], c["how"]) for c in made] == [("onednn", "kept: machine busy")] * len(fused.groups), made
     finally:
         torch_llga._C._test_machine_busy(-1)
+
+
+class NormBlock(nn.Module):
+    """conv + group norm + SiLU, a diffusion UNet's block: the group norm is what a measured speed
+    rule (quirk group_norm_slow_kernel, on every CPU) keeps out of oneDNN."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(8, 16, 3, padding=1), nn.GroupNorm(4, 16)
+        nn.init.uniform_(self.norm.weight, -1, 1)
+        nn.init.uniform_(self.norm.bias, -1, 1)
+
+    def forward(self, x):
+        return F.silu(self.norm(self.conv(x)))
+
+
+def speed_choices(graph):
+    return graph.findAllNodes("llga::SpeedChoice", True)
+
+
+@pytest.mark.parametrize("pin", ["pytorch", "onednn"])
+def test_a_speed_rule_runs_what_is_pinned(pins, pin):
+    # Pinned, a speed rule is applied (its default) or not, in one form: no second one is timed.
+    pins(speed_rule=pin)
+    model, x = NormBlock().eval(), torch.randn(2, 8, 12, 12)
+    fused = Fused(model, (x,))
+    assert not speed_choices(fused.graph), fused.graph
+    if pin == "pytorch":
+        assert not any("group_norm" in g for g in fused.groups) and "group_norm" in fused.unfused, fused.graph
+    else:
+        assert any("group_norm" in g for g in fused.groups), fused.graph
+    torch.testing.assert_close(fused(x), model(x), **FP32)
+
+
+def test_a_speed_rule_is_measured_against_the_fused_form():
+    # Unpinned, the group a speed rule would split runs in two forms: fused, and with the rule
+    # applied (the group norm in PyTorch). Each form runs a few calls untimed (its groups compile
+    # and check themselves), then they alternate, timed; the faster by the site's margin stays.
+    # Right on every call, whichever form runs; the record follows the times; explain() shows it.
+    model, x = NormBlock().eval(), torch.randn(2, 8, 12, 12)
+    expected = model(x)
+    since = last_seq()
+    fused = Fused(model, (x,))
+    [choice] = speed_choices(fused.graph)
+    assert choice.s("speed_rules") == "group_norm_slow_kernel"
+    # Until measured, the rule's form is the one reported (it is the default).
+    assert not any("group_norm" in g for g in fused.groups), fused.graph
+    for _ in range(20):
+        torch.testing.assert_close(fused(x), expected, **FP32)
+    [made] = new_choices(since, "speed_rule")
+    assert made["how"] == "measured" and set(made["best_us"]) == {"pytorch", "onednn"} and follows_the_times(made), made
+    assert "group_norm" in made["subject"] and "group_norm_slow_kernel" in made["subject"]
+    from torch_llga.report import fusion_groups
+
+    runs_fused = any("group_norm" in g for g in fusion_groups(torch.jit.last_executed_optimized_graph()))
+    assert runs_fused == (made["chosen"] == "onednn")
+    report = torch_llga.explain(model, x, verbose=False)
+    assert "speed rules' choices" in str(report) and "against group_norm_slow_kernel" in str(report), str(report)
+
+
+def test_a_speed_rule_is_not_timed_while_the_machine_is_busy():
+    torch_llga._C._test_machine_busy(1)
+    model, x = NormBlock().eval(), torch.randn(2, 8, 12, 12)
+    since = last_seq()
+    fused = Fused(model, (x,))
+    for _ in range(20):
+        torch.testing.assert_close(fused(x), model(x), **FP32)
+    assert new_choices(since, "speed_rule") == []  # the rule's form runs, untimed, until a quiet call

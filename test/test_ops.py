@@ -152,11 +152,12 @@ def test_gelu_tanh_is_one_op():
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_gelu_of_a_matmul_stays_in_pytorch_on_avx2(approximate):
+def test_gelu_of_a_matmul_stays_in_pytorch_on_avx2(approximate, speed_rules_applied):
     # oneDNN's GELU post-op of an fp32 matmul is 2-3x slower than PyTorch's GELU of its output in
     # the AVX2 kernels (quirk gelu_post_op_slow): from 64K outputs on, the GELU stays in PyTorch,
     # in place on the group's output (InPlaceActivations); a smaller one stays a post-op, as every one
-    # does with AVX-512 kernels.
+    # does with AVX-512 kernels. (A measured rule: applied here as pinned; test_choices.py times
+    # both forms.)
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(approximate=approximate))
     large = check(model, torch.randn(2, 64, 64), groups=SOME)  # 64K outputs
     small = check(model, torch.randn(2, 8, 64), groups=[["linear", "gelu"]])
@@ -429,8 +430,9 @@ def test_conv_transpose_scripted_with_post_ops(fn, spatial):
     assert [g[1:] for g in fused.groups] == [["add", "relu"]] and fused.groups[0][0].startswith("conv_transpose")
 
 
-def test_group_norm_stays_in_pytorch():
-    # oneDNN's group norm is slower than PyTorch's (quirk group_norm_slow_kernel; the mapping itself:
+def test_group_norm_stays_in_pytorch(speed_rules_applied):
+    # oneDNN's group norm is slower than PyTorch's (quirk group_norm_slow_kernel, a measured rule
+    # applied here as pinned: test_choices.py times both forms; the mapping itself:
     # test_patterns.py::test_group_norm_mapping).
     fused = check(torch.nn.GroupNorm(4, 8), torch.randn(2, 8, 6, 6), groups=[])
     assert fused.unfused == ["group_norm"]

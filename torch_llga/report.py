@@ -2,10 +2,38 @@
 import collections
 
 
+def _speed_forms():
+    """Each speed choice's chosen form (passes/speed_choices.cpp), by its id: 0 the fused group, 1 the
+    rule's form; a choice being measured (or at several sizes) counts as the rule's, its default."""
+    from . import _C
+
+    chosen = {}
+    for c in _C._choices():
+        if c["site"] == "speed_rule":
+            chosen[c["group_id"]] = 0 if c["chosen"] == "onednn" and chosen.get(c["group_id"], 0) == 0 else 1
+    return chosen
+
+
+def running_nodes(block, kind, forms=None):
+    """The nodes of `kind` in block and its blocks that run: of a speed choice's two forms, the chosen one."""
+    forms = _speed_forms() if forms is None else forms
+    found = []
+    for n in block.nodes():
+        blocks = list(n.blocks())
+        cond = next(n.inputs()).node() if n.kind() == "prim::If" else None
+        if cond is not None and cond.kind() == "llga::SpeedChoice":
+            blocks = [blocks[forms.get(cond.i("choice_id"), 1)]]
+        for b in blocks:
+            found += running_nodes(b, kind, forms)
+        if n.kind() == kind:
+            found.append(n)
+    return found
+
+
 def fusion_groups(graph):
-    """The aten op kinds inside each llga::FusionGroup of an optimized graph, in order."""
+    """The aten op kinds inside each llga::FusionGroup of an optimized graph that runs, in order."""
     groups = []
-    for node in graph.findAllNodes("llga::FusionGroup", True):
+    for node in running_nodes(graph.block(), "llga::FusionGroup"):
         kinds = [n.kind() for n in node.g("Subgraph").nodes()
                  if n.kind() not in ("prim::Constant", "prim::ListConstruct")]
         groups.append([k.replace("aten::", "") for k in kinds])
@@ -16,7 +44,7 @@ def small_plans(graph):
     """The aten op kinds inside each llga::SmallPlan (a whole graph of tiny tensors run as one step)."""
     return [[n.kind().replace("aten::", "") for n in node.g("Subgraph").nodes()
              if n.kind() not in ("prim::Constant", "prim::ListConstruct")]
-            for node in graph.findAllNodes("llga::SmallPlan", True)]
+            for node in running_nodes(graph.block(), "llga::SmallPlan")]
 
 
 def _own_kernel_ops():
@@ -31,12 +59,21 @@ OWN_KERNELS = _own_kernel_ops()
 
 def own_kernels(graph):
     """The ops of the graph (blocks included) run by torch_llga's own kernels."""
-    return [n.kind() for kind in OWN_KERNELS for n in graph.findAllNodes(kind, True)]
+    return [n.kind() for kind in OWN_KERNELS for n in running_nodes(graph.block(), kind)]
 
 
 def unfused_ops(graph):
-    """aten ops the top-level graph runs in PyTorch."""
-    return [n.kind().replace("aten::", "") for n in graph.nodes() if n.kind().startswith("aten::")]
+    """aten ops the top-level graph runs in PyTorch (with those of a speed choice's running form)."""
+    forms = _speed_forms()
+
+    def top(block):
+        for n in block.nodes():
+            cond = next(n.inputs()).node() if n.kind() == "prim::If" else None
+            if cond is not None and cond.kind() == "llga::SpeedChoice":
+                yield from top(list(n.blocks())[forms.get(cond.i("choice_id"), 1)])
+            elif n.kind().startswith("aten::"):
+                yield n.kind().replace("aten::", "")
+    return list(top(graph.block()))
 
 
 def format_groups(groups, unfused):
@@ -77,7 +114,7 @@ class Explanation:
         by_group = collections.defaultdict(list)
         for c in choices:
             by_group[c["group_id"]].append(c)
-        for node in graph.findAllNodes("llga::FusionGroup", True):
+        for node in running_nodes(graph.block(), "llga::FusionGroup"):
             sub = node.g("Subgraph")
             ops = [n.kind().replace("aten::", "") for n in sub.nodes()
                    if n.kind() not in ("prim::Constant", "prim::ListConstruct")]
@@ -93,14 +130,19 @@ class Explanation:
         counted = fused + len(self.unfused)
         self.fused_share = fused / counted if counted else 0.0
 
-    def _collect_unfused(self, block):
+    def _collect_unfused(self, block, forms=None):
+        forms = _speed_forms() if forms is None else forms
         for n in block.nodes():
-            if n.kind() in ("llga::FusionGroup", "llga::SmallPlan", "llga::Guard"):
+            if n.kind() in ("llga::FusionGroup", "llga::SmallPlan", "llga::Guard", "llga::SpeedChoice", "llga::SpeedChoiceEnd"):
+                continue
+            cond = next(n.inputs()).node() if n.kind() == "prim::If" else None
+            if cond is not None and cond.kind() == "llga::SpeedChoice":  # the form that runs
+                self._collect_unfused(list(n.blocks())[forms.get(cond.i("choice_id"), 1)], forms)
                 continue
             if n.kind() == "prim::If" and any(b.findNode("llga::FusionGroup") or b.findNode("llga::SmallPlan") for b in n.blocks()):
                 continue  # a guard's branch: the group (or plan) and its fallback
             for b in n.blocks():
-                self._collect_unfused(b)
+                self._collect_unfused(b, forms)
             # Tensor ops only: size(), Int() and the like are bookkeeping, not computation.
             if n.kind().startswith("aten::") and any(o.type().kind() == "TensorType" for o in n.outputs()):
                 reason = n.s("llga_unfused") if n.hasAttribute("llga_unfused") else "not examined by the fuser"
@@ -123,11 +165,13 @@ class Explanation:
             lines.append(f"  partition {i}: {len(g['ops'])} ops [{summary}]  inputs: {', '.join(g['inputs'])}")
             for c in g["choices"]:
                 lines.append(f"    runs by {c['chosen']} ({_choice_text(c)})")
-        own = [c for c in self.choices if c["site"] != "fusion_group"]
-        if own:
-            lines.append("own kernels' choices:")
-            for c in own:
-                lines.append(f"  {c['subject']} at {c['key']}: {c['chosen']} ({_choice_text(c)})")
+        for title, site_of in (("own kernels' choices:", lambda s: s not in ("fusion_group", "speed_rule")),
+                               ("speed rules' choices (the op in PyTorch, or fused by oneDNN):", lambda s: s == "speed_rule")):
+            chosen = [c for c in self.choices if site_of(c["site"])]
+            if chosen:
+                lines.append(title)
+                for c in chosen:
+                    lines.append(f"  {c['subject']} at {c['key']}: {c['chosen']} ({_choice_text(c)})")
         if self.unfused:
             lines.append("left to PyTorch:")
             for (op, reason), n in collections.Counter(self.unfused).items():

@@ -53,4 +53,14 @@ inline const c10::Symbol kAttentionBias = c10::Symbol::fromQualString("llga::att
 // On a guard: its inputs must be plain strided tensors, no LLGA ones (a small-graph plan reads them).
 inline const c10::Symbol kPlainInputs = c10::Symbol::attr("plain_inputs");
 inline const c10::Symbol kAllFinite = c10::Symbol::fromQualString("llga::AllFinite");
+// A group fused against a measured speed rule runs in one of two forms (passes/speed_choices.cpp):
+//   %fused = llga::SpeedChoice[choice_id=k, rules="..."](the group's tensor inputs)
+//   prim::If(%fused): block 0 the group, block 1 its ops fused with the rule applied; each block
+//   ends with llga::SpeedChoiceEnd[choice_id=k]() (the timing's end).
+inline const c10::Symbol kSpeedChoice = c10::Symbol::fromQualString("llga::SpeedChoice");
+inline const c10::Symbol kSpeedChoiceEnd = c10::Symbol::fromQualString("llga::SpeedChoiceEnd");
+inline const c10::Symbol kChoiceId = c10::Symbol::attr("choice_id");  // process-unique, apart from group ids
+inline const c10::Symbol kSpeedRules = c10::Symbol::attr("speed_rules");  // the rules' names, ", "-separated
+// On an op a measured speed rule would have kept out of its group: the rule's name (FuseGraph).
+inline const c10::Symbol kSpeedRule = c10::Symbol::attr("llga_speed_rule");
 }  // namespace llga

@@ -120,11 +120,11 @@ constexpr Quirk kQuirks[] = {
     {"group_norm_slow_kernel",
      "Group norm runs a reference kernel on a plain input and jit_group on a channels-last one, both slower than PyTorch's (1x128x32x32, 32 groups: 1.4 and 0.2 ms against 0.07).",
      "3.12.0", "", "test/test_ops.py::test_group_norm_stays_in_pytorch",
-     "group_norm_slow_kernel (op_table.cpp)", ""},
+     "group_norm_slow_kernel (op_table.cpp)", "", true},
     {"gelu_post_op_slow",
      "A GELU post-op of an fp32 matmul costs 2-3x PyTorch's GELU of the same output in AVX2 kernels (128x768 x 768x3072: +1.2 ms against 0.5).",
      "3.12.0", "", "test/test_ops.py::test_gelu_of_a_matmul_stays_in_pytorch_on_avx2",
-     "gelu_post_op_slow (op_table.cpp)", "avx2"},
+     "gelu_post_op_slow (op_table.cpp)", "avx2", true},
     {"layer_norm_quantized_output",
      "A LayerNorm whose output a Quantize takes (u8 dst, the scale and zero point as post-ops) runs the reference kernel: [1, 197, 768] 6.8-18.5 ms against 0.06 for the LayerNorm alone.",
      "3.12.0", "", "test/test_int8.py::test_quantize_of_a_layer_norm_stays_apart",
@@ -665,11 +665,30 @@ bool reduction_of_outer_dims(const std::vector<int64_t>& axes, int64_t rank) {
   return false;
 }
 
+namespace {
+thread_local int values_only = 0;
+thread_local SpeedRuleTrial* trial = nullptr;
+
+// A measured speed rule that would keep `op` from oneDNN: it does, unless a trial is on (FuseGraph),
+// which lists the op instead.
+bool applies_unless_on_trial(const Node* op, const char* rule) {
+  if (!trial) return true;
+  trial->held_back.emplace_back(op, rule);
+  return false;
+}
+}  // namespace
+
+ValuesOnly::ValuesOnly() { ++values_only; }
+ValuesOnly::~ValuesOnly() { --values_only; }
+
+SpeedRuleTrial::SpeedRuleTrial() : outer_(trial) { trial = this; }
+SpeedRuleTrial::~SpeedRuleTrial() { trial = outer_; }
+
 // Group norm stays in PyTorch (AMD EPYC Zen 4, AVX2, 2 threads; on a conv's output, where oneDNN
 // hands it channels-last, conv + group norm + SiLU ran level with PyTorch at 32 channels, 28x28).
-bool group_norm_slow_kernel() {
+bool group_norm_slow_kernel(const Node* group_norm) {
   static const bool on = active("group_norm_slow_kernel");
-  return on;
+  return on && applies_unless_on_trial(group_norm, "group_norm_slow_kernel");
 }
 
 // Speed, not values: a GELU (erf or tanh) applied as the post-op of an fp32 matmul or linear by
@@ -682,18 +701,13 @@ bool group_norm_slow_kernel() {
 // BERT-base, DistilBERT, ViT-B/16: 2-4% faster.
 constexpr int64_t kGeluPostOpSlowFrom = 1 << 16;
 
-namespace {
-thread_local int values_only = 0;
-}  // namespace
-
-ValuesOnly::ValuesOnly() { ++values_only; }
-ValuesOnly::~ValuesOnly() { --values_only; }
 
 bool gelu_post_op_slow(const Node* gelu) {
   if (values_only || !active("gelu_post_op_slow") || avx512_kernels()) return false;
   auto t = gelu->input(0)->type()->cast<TensorType>();
   auto n = t ? t->numel() : std::nullopt;
-  return n && *n >= kGeluPostOpSlowFrom && t->scalarType() == at::kFloat && producer(gelu->input(0), K::MatMul, 1);
+  return n && *n >= kGeluPostOpSlowFrom && t->scalarType() == at::kFloat && producer(gelu->input(0), K::MatMul, 1) &&
+         applies_unless_on_trial(gelu, "gelu_post_op_slow");
 }
 
 // oneDNN's layer norm writes a Quantize's u8 output, its scale and zero point as binary post-ops,

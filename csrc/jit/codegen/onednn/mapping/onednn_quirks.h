@@ -14,6 +14,8 @@
 #include <span>
 #include <string>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 namespace llga::quirks {
 
@@ -28,6 +30,10 @@ struct Quirk {
   const char* test;      // its regression tests, pytest node ids from the repository root, space-separated
   const char* asked_in;  // where the workaround is: its predicate, or the code that asks enabled()
   const char* kernels;   // "": any CPU; else the kernels the fault was seen in ("avx512", "bf16"), which other CPUs never run
+  // A speed rule the machine at hand decides by timing (SpeedRuleTrial below): false for a
+  // correctness rule, and for a speed rule whose slow side is a reference kernel (timing it costs
+  // 100-2000x the op, and no CPU was seen to run it fast).
+  bool measured = false;
 };
 
 std::span<const Quirk> registry();
@@ -77,7 +83,20 @@ struct ValuesOnly {
   ValuesOnly();
   ~ValuesOnly();
 };
-bool group_norm_slow_kernel();                // any group norm
+bool group_norm_slow_kernel(const Node* group_norm);  // any group norm
+
+// While one is alive on this thread, the measured speed rules (the registry's `measured` rows:
+// gelu_post_op_slow, group_norm_slow_kernel) keep nothing from oneDNN and list the ops they would
+// have kept: FuseGraph fuses them, and the speed_choices pass gives each such group a second form
+// with the rule applied, the faster form chosen by timing both (llga::SpeedChoice).
+struct SpeedRuleTrial {
+  SpeedRuleTrial();
+  ~SpeedRuleTrial();
+  std::vector<std::pair<const Node*, const char*>> held_back;  // the op, the rule's name
+
+ private:
+  SpeedRuleTrial* outer_;
+};
 bool pooling_of_a_plain_input(const Node* pool);  // a 1-D or 3-D pooling no oneDNN op feeds
 
 // graph_fuser.cpp: binary ops sharing a partition with the pooling they read.

@@ -150,7 +150,7 @@ bool group_norm(const Node* n, OpSpec& s) {
   int64_t r = rank(n->input(0));
   auto groups = int_arg(n, 1);
   auto eps = scalar_arg(n, 4);
-  if (quirks::group_norm_slow_kernel()) return s.refuse("oneDNN's group norm is slower than PyTorch's (quirk group_norm_slow_kernel)");
+  if (quirks::group_norm_slow_kernel(n)) return s.refuse("oneDNN's group norm is slower than PyTorch's (quirk group_norm_slow_kernel)");
   if (r < 3 || r > 5 || !groups || !eps || *groups < 1 || sizes(n->input(0))[1] % *groups) return false;
   bool affine = !is_none(n, 2) && !is_none(n, 3);
   if (!affine && !(is_none(n, 2) && is_none(n, 3))) return false;

@@ -153,6 +153,16 @@ std::vector<std::pair<Node*, const char*>> wrong_post_ops(const BuiltGraph& buil
   return found;
 }
 
+// The ops a measured speed rule would have kept out (quirks::SpeedRuleTrial, on while FuseGraph
+// runs): marked before they move into a group, for the speed_choices pass.
+thread_local quirks::SpeedRuleTrial* g_trial = nullptr;
+
+void mark_held_back() {
+  if (!g_trial) return;
+  for (const auto& [n, rule] : g_trial->held_back) const_cast<Node*>(n)->s_(kSpeedRule, rule);
+  g_trial->held_back.clear();
+}
+
 void fuse_block(torch::jit::Block* block, AliasDb& db) {
   for (Node* n : block->nodes())
     for (auto* b : n->blocks()) fuse_block(b, db);
@@ -167,10 +177,12 @@ void fuse_block(torch::jit::Block* block, AliasDb& db) {
     return !db.hasWriters(n) && std::find(excluded.begin(), excluded.end(), n) == excluded.end();
   };
   BuiltGraph built = build_graph(block, opts);
+  mark_held_back();
   for (auto bad = wrong_post_ops(built); !bad.empty(); bad = wrong_post_ops(built)) {
     for (const auto& [n, why] : bad) excluded.push_back(n);  // each round excludes more nodes: it ends
     exclusions.insert(exclusions.end(), bad.begin(), bad.end());
     built = build_graph(block, opts);
+    mark_held_back();
   }
   mark_unmapped(block, built, db, mappings);
   for (const auto& [n, why] : exclusions) n->s_(kUnfusedReason, why);
@@ -240,11 +252,23 @@ void give_cat_private_lists(torch::jit::Block* block) {
 void FuseGraph(std::shared_ptr<Graph>& g) {
   give_cat_private_lists(g->block());
   {
+    // The measured speed rules hold back unless the speed_choices pass is off or the choice is
+    // pinned to the rules' side (its default); pinned to oneDNN's, they keep nothing out either.
+    std::optional<quirks::SpeedRuleTrial> trial;
+    if (speed_rules_measured()) trial.emplace();
+    g_trial = trial ? &*trial : nullptr;
     AliasDb db(g);
     fuse_block(g->block(), db);
+    g_trial = nullptr;
   }
   torch::jit::EliminateDeadCode(g);
   GRAPH_DUMP("After FuseGraph", g);
+}
+
+void FuseBlock(torch::jit::Block* block) {
+  give_cat_private_lists(block);
+  AliasDb db(block->owningGraph()->shared_from_this());
+  fuse_block(block, db);
 }
 
 }  // namespace llga

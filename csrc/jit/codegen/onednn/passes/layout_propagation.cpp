@@ -26,7 +26,8 @@ namespace {
 bool read_by_groups_only(const Value* v) {
   bool read_by_a_group = false;
   for (const auto& use : v->uses()) {
-    if (use.user->kind() == c10::aten::size || use.user->kind() == c10::aten::dim) continue;
+    // (a speed choice keys its timing by its group's input sizes: it reads no data either)
+    if (use.user->kind() == c10::aten::size || use.user->kind() == c10::aten::dim || use.user->kind() == kSpeedChoice) continue;
     if (use.user->kind() != kFusionGroup) return false;
     read_by_a_group = true;
   }

@@ -50,6 +50,7 @@ void DeferSizeCheck(std::shared_ptr<Graph>& g);    // aten::size reads move befo
 void PlanSmallGraph(std::shared_ptr<Graph>& g);    // a graph of tiny tensors -> one llga::SmallPlan
 void OwnKernelsBeforeFuser(std::shared_ptr<Graph>& g);  // own-kernel table rows of phase kBeforeFuser
 void FuseGraph(std::shared_ptr<Graph>& g);         // oneDNN partitions -> llga::FusionGroup nodes
+void SpeedChoices(std::shared_ptr<Graph>& g);      // a group a measured speed rule would split -> both forms, timed
 void PropagateLayout(std::shared_ptr<Graph>& g);   // group-to-group outputs may stay opaque
 void InsertGuards(std::shared_ptr<Graph>& g);      // profiled-type checks with unfused fallback
 void InPlaceActivations(std::shared_ptr<Graph>& g);  // a PyTorch GELU or clamp of a group's fresh output (or a view of it) -> in place
@@ -90,6 +91,12 @@ struct OwnKernelRow {
   void (*apply)(std::shared_ptr<Graph>&);  // null: applied by another row's rewrite or by the pass named in `takes`
 };
 const std::vector<OwnKernelRow>& own_kernel_table();
+
+// The fuser on one block of a fused graph (a speed choice's rule form: speed_choices.cpp).
+void FuseBlock(torch::jit::Block* block);
+// Whether FuseGraph lets the measured speed rules hold back (their groups then get two forms): the
+// speed_choices pass is on and the speed_rule choice is not pinned to its default.
+bool speed_rules_measured();
 
 // The whole pipeline (no-op while torch_llga is disabled).
 void RunPipeline(std::shared_ptr<Graph>& g);

@@ -26,6 +26,7 @@ const std::vector<PassEntry>& pipeline() {
       {"plan_small_graph", PlanSmallGraph, "a graph of tiny tensors -> one llga::SmallPlan", false},
       {"own_kernels_before_fuser", OwnKernelsBeforeFuser, "own-kernel rows before the fuser (row linears, widened, ...)", false},
       {"fuse_graph", FuseGraph, "oneDNN partitions -> llga::FusionGroup nodes", false},
+      {"speed_choices", SpeedChoices, "a group a measured speed rule would split -> both forms, the faster timed", false},
       {"propagate_layout", PropagateLayout, "group-to-group outputs may stay opaque", false},
       {"insert_guards", InsertGuards, "profiled-type checks with unfused fallback", true},
       {"in_place_activations", InPlaceActivations, "a PyTorch GELU or clamp of a group's fresh output -> in place", false},

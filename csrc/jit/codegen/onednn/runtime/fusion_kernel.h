@@ -76,6 +76,7 @@ class FusionKernel {
   std::string profiler_name_;
   size_t num_inputs_ = 0;
   bool whole_fallback_ = false;  // the partition does not fit the group (see bind)
+  bool held_back_op_ = false;    // an op a measured speed rule keeps out: slower here is no news
   // Of the weights it reads: what oneDNN's constant cache keeps of each compiled partition
   // (runtime.h; an int8 primitive keeps its own copy, freed with it: none in the cache).
   size_t constant_bytes_ = 0;

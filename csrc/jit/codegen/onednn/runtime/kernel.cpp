@@ -85,9 +85,11 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
   register_kernel(group_id_, this);
   // What torch.profiler shows for this group: "llga::FusionGroup[_convolution+relu]".
   profiler_name_ = "llga::FusionGroup[";
-  for (const Node* n : subgraph_->nodes())
+  for (const Node* n : subgraph_->nodes()) {
     if (n->kind() != c10::prim::Constant)
       profiler_name_ += std::string(profiler_name_.back() == '[' ? "" : "+") + n->kind().toUnqualString();
+    held_back_op_ = held_back_op_ || n->hasAttribute(kSpeedRule);
+  }
   profiler_name_ += "]";
   whole_fallback_ = !bind(node);
   if (!whole_fallback_)

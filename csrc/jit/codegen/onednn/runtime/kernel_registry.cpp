@@ -55,6 +55,14 @@ void unregister_kernel(int64_t group_id, FusionKernel* kernel) {
   if (g_kernels.count(group_id) == 0) choices::forget_group(group_id);
 }
 
+void release_groups(const std::vector<int64_t>& group_ids) {
+  std::lock_guard<std::mutex> lock(g_kernels_mutex);
+  for (int64_t id : group_ids) {
+    auto [first, last] = g_kernels.equal_range(id);
+    for (auto it = first; it != last; ++it) it->second->release();
+  }
+}
+
 int64_t release_compiled_partitions(const torch::jit::Graph* g) {
   std::unordered_set<int64_t> ids;
   if (g) collect_group_ids(g->block(), ids);

@@ -110,7 +110,7 @@ void FusionKernel::run_checking_speed(CompiledPartition& c, const Inputs& inputs
   // PyTorch's ops only where they won every round (a round a stalled thread slowed cannot decide it).
   bool unfused = c.unfused_wins == CompiledPartition::kSpeedChecks;
   decide(unfused, "measured");
-  if (unfused && c.fused_ns > 5 * c.unfused_ns) {  // likely a reference kernel: worth a report
+  if (unfused && c.fused_ns > 5 * c.unfused_ns && !held_back_op_) {  // likely a reference kernel: worth a report
     TORCH_WARN_ONCE("torch_llga: PyTorch ran the ops of a fused group (", profiler_name_, ") ",
                     static_cast<int64_t>(c.fused_ns / std::max(c.unfused_ns, 1.0)), "x faster than oneDNN (",
                     static_cast<int64_t>(c.unfused_ns / 1e3), " against ", static_cast<int64_t>(c.fused_ns / 1e3),

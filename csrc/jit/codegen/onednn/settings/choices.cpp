@@ -60,6 +60,8 @@ const std::vector<Site>& sites() {
   static const std::vector<Site> table = {
       {"fusion_group", {"onednn", "pytorch"}, 1.5, 50e3,
        "a fused group: its oneDNN partition, or its ops run by PyTorch (a reference kernel loses)"},
+      {"speed_rule", {"pytorch", "onednn"}, 1.05, 0,
+       "a group with an op a measured speed rule keeps out (onednn_quirks.h): the op in PyTorch, or in the group"},
       {"row_linear", {"own", "pytorch"}, 1.1, 0, "a linear of 1-4 rows: llga::row_linear, or at::linear"},
       {"rms_norm_row_linear", {"own", "pytorch"}, 1.1, 0,
        "an RMSNorm and the linear of 1-4 rows after it: llga::rms_norm_row_linear, or at::rms_norm + at::linear"},
