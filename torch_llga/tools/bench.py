@@ -96,33 +96,39 @@ class Way:
     default: bool = True      # in the default set of its dtype's run (else asked for by name)
     pt2e: bool = False        # runs the PT2E-quantized model (torchao), not FX's
     own_int8: bool = False    # takes the fp32 model (and quantizes it itself)
-    warmup_calls: int = 0     # untimed calls after the first two (a peer's documented recipe)
+    warmup_calls: int = 0     # untimed calls after the first two (a peer's documented recipe; torch_llga's choices)
 
+
+# torch_llga's measured choices are made in a model's first calls (a group's on its 2nd-4th, a speed
+# rule's two forms over 16: passes/speed_choices.cpp): what a service runs once warm is timed.
+LLGA_WARMUP = 16
 
 WAYS = {
     "eager": Way(prepare=lambda m, i, d: m),
     "torchscript": Way(),
     "builtin_onednn": Way(switch=lambda: BuiltinFuser()),
     "torch_compile": Way(prepare=_inductor),
-    "torch_llga": Way(switch=torch_llga.enabled),
+    "torch_llga": Way(switch=torch_llga.enabled, warmup_calls=LLGA_WARMUP),
     # torch_llga as a torch.compile backend (dynamo.py)
-    "torch_llga_compile": Way(prepare=lambda m, i, d: torch.compile(m, backend="torch_llga")),
+    "torch_llga_compile": Way(prepare=lambda m, i, d: torch.compile(m, backend="torch_llga"), warmup_calls=LLGA_WARMUP),
     "fx_x86": Way(int8_only=True),
     "torchscript_fp32": Way(int8_only=True, own_int8=True),
-    "torch_llga_fast": Way(switch=torch_llga.enabled, int8_only=True),
+    "torch_llga_fast": Way(switch=torch_llga.enabled, int8_only=True, warmup_calls=LLGA_WARMUP),
     # PyTorch's documented x86 int8 recipe: PT2E, then Inductor, frozen
     "pt2e_inductor": Way(prepare=_inductor, int8_only=True, pt2e=True),
-    "pt2e_llga": Way(prepare=lambda m, i, d: torch.compile(m, backend="torch_llga"), int8_only=True, pt2e=True),
+    "pt2e_llga": Way(prepare=lambda m, i, d: torch.compile(m, backend="torch_llga"), int8_only=True, pt2e=True,
+                     warmup_calls=LLGA_WARMUP),
     # the same model through torch.export and torch_llga.compile: no Dynamo per call
     "pt2e_llga_export": Way(prepare=lambda m, i, d: torch_llga.compile(torch.export.export(m, tuple(i))),
-                            int8_only=True, pt2e=True),
+                            int8_only=True, pt2e=True, warmup_calls=LLGA_WARMUP),
     "openvino": Way(prepare=lambda m, i, d: openvino_fn(m, i, d)),
     "onnxruntime": Way(prepare=lambda m, i, d: onnxruntime_fn(m, i, d)),
     "openvino_nncf": Way(prepare=lambda m, i, d: openvino_nncf_fn(m, i), int8_only=True, own_int8=True),
     "onnxruntime_int8": Way(prepare=lambda m, i, d: onnxruntime_fn(m, i, d, quantize=True), int8_only=True, own_int8=True),
     "zentorch": Way(prepare=_zentorch, warmup_calls=3),  # its recipe: five warm-up calls
-    "torch_llga_no_plans": Way(switch=lambda: without_small_plans(), default=False),
-    "torch_llga_no_own": Way(switch=lambda: llga_variant(env={"TORCH_LLGA_OWN_KERNELS": "0"}), default=False),
+    "torch_llga_no_plans": Way(switch=lambda: without_small_plans(), default=False, warmup_calls=LLGA_WARMUP),
+    "torch_llga_no_own": Way(switch=lambda: llga_variant(env={"TORCH_LLGA_OWN_KERNELS": "0"}), default=False,
+                             warmup_calls=LLGA_WARMUP),
     "torch_llga_pinned": Way(switch=lambda: llga_variant(pins="*=default"), default=False),
 }
 BACKENDS = list(WAYS)
@@ -151,9 +157,9 @@ class Backend:
                 self.output = self.fn(*inputs)  # optimization and first optimized run
             for other in more_inputs:  # each size twice: Dynamo's recompilation, new partitions
                 self.fn(*other), self.fn(*other)
+            self.warmup_ms = (time.perf_counter() - t0) * 1e3  # the first two calls (each size's)
             for _ in range(way.warmup_calls):
                 self.fn(*inputs)
-        self.warmup_ms = (time.perf_counter() - t0) * 1e3
 
     def switch(self):
         return WAYS[self.name].switch()
