@@ -143,6 +143,44 @@ def test_insert_guards():
     assert len(g.findAllNodes("llga::Guard")) == 2  # one per group
 
 
+def test_speed_choices():
+    # A group holding an op a measured speed rule would keep out (group_norm_slow_kernel) gets two
+    # forms under llga::SpeedChoice: the group (block 0), its ops fused again with the rule applied
+    # (block 1: the group norm in PyTorch); each form ends its timing with llga::SpeedChoiceEnd.
+    # Pinned to the rule's side, the rule applies in the fuser and no second form is made.
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(4, 8, 3, padding=1), nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            return torch.relu(self.norm(self.conv(x)))
+
+    g = traced_graph(Block(), torch.randn(1, 4, 8, 8))
+    for name in ("fuse_graph", "speed_choices"):
+        getattr(_C, f"_jit_pass_{name}")(g)
+    g.lint()
+    [choice] = g.findAllNodes("llga::SpeedChoice")
+    assert choice.s("speed_rules") == "group_norm_slow_kernel"
+    [branch] = [n for n in g.nodes() if n.kind() == "prim::If"]
+    fused, ruled = branch.blocks()
+    assert [kinds_in(grp) for grp in fused.findAllNodes("llga::FusionGroup")] == [["aten::group_norm", "aten::relu"]]
+    assert "aten::group_norm" in [n.kind() for n in ruled.nodes()]
+    assert all(list(b.nodes())[-1].kind() == "llga::SpeedChoiceEnd" for b in (fused, ruled))
+    torch_llga.pin_choices(speed_rule="pytorch")
+    try:
+        g = traced_graph(Block(), torch.randn(1, 4, 8, 8))
+        _C._jit_pass_fuse_graph(g)
+        _C._jit_pass_speed_choices(g)
+        assert not g.findAllNodes("llga::SpeedChoice") and "aten::group_norm" in kinds(g)
+    finally:
+        torch_llga.pin_choices(None)
+
+
+def kinds_in(group):
+    return [n.kind() for n in group.g("Subgraph").nodes() if n.kind().startswith("aten::")]
+
+
 def traced_graph(model, *inputs):
     """A traced graph with the weights as constants and every value typed with its traced sizes
     (as the pipeline sees a frozen, profiled graph)."""

@@ -392,7 +392,7 @@ class GeluReturned(nn.Module):
 
 @pytest.mark.skipif(AVX512_KERNELS, reason="the GELU is the linear's post-op there (quirk gelu_post_op_slow)")
 @pytest.mark.parametrize("returned", [False, True])
-def test_pt2e_reduce_range_clamp_of_a_gelu_runs_in_place(returned):
+def test_pt2e_reduce_range_clamp_of_a_gelu_runs_in_place(returned, speed_rules_applied):
     # A GELU left to PyTorch (64K outputs on AVX2) computes in place on the linear's output, and
     # the clamp at code 127 before the next quantize in place on the GELU's: no allocation of their
     # size a call. Equal to the reference: the same GELU, the same codes, exact int8 sums.

@@ -668,10 +668,13 @@ bool reduction_of_outer_dims(const std::vector<int64_t>& axes, int64_t rank) {
 namespace {
 thread_local int values_only = 0;
 thread_local SpeedRuleTrial* trial = nullptr;
+thread_local int fusing = 0;
 
-// A measured speed rule that would keep `op` from oneDNN: it does, unless a trial is on (FuseGraph),
-// which lists the op instead.
+// A measured speed rule that would keep `op` from oneDNN: it does in the fuser (a group formed
+// without it), unless a trial is on there, which lists the op instead. Elsewhere (a group's ops
+// mapped again at new sizes, for values) it keeps nothing out: the group is what timing chose.
 bool applies_unless_on_trial(const Node* op, const char* rule) {
+  if (!fusing) return false;
   if (!trial) return true;
   trial->held_back.emplace_back(op, rule);
   return false;
@@ -683,6 +686,10 @@ ValuesOnly::~ValuesOnly() { --values_only; }
 
 SpeedRuleTrial::SpeedRuleTrial() : outer_(trial) { trial = this; }
 SpeedRuleTrial::~SpeedRuleTrial() { trial = outer_; }
+SpeedRuleTrial* SpeedRuleTrial::current() { return trial; }
+
+Fusing::Fusing() { ++fusing; }
+Fusing::~Fusing() { --fusing; }
 
 // Group norm stays in PyTorch (AMD EPYC Zen 4, AVX2, 2 threads; on a conv's output, where oneDNN
 // hands it channels-last, conv + group norm + SiLU ran level with PyTorch at 32 channels, 28x28).

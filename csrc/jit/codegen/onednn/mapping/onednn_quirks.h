@@ -89,9 +89,16 @@ bool group_norm_slow_kernel(const Node* group_norm);  // any group norm
 // gelu_post_op_slow, group_norm_slow_kernel) keep nothing from oneDNN and list the ops they would
 // have kept: FuseGraph fuses them, and the speed_choices pass gives each such group a second form
 // with the rule applied, the faster form chosen by timing both (llga::SpeedChoice).
+// The measured speed rules keep ops out of groups only while the fuser runs (one of these alive on
+// the thread): a group's ops mapped again at other sizes are judged for values alone.
+struct Fusing {
+  Fusing();
+  ~Fusing();
+};
 struct SpeedRuleTrial {
   SpeedRuleTrial();
   ~SpeedRuleTrial();
+  static SpeedRuleTrial* current();  // this thread's, or null
   std::vector<std::pair<const Node*, const char*>> held_back;  // the op, the rule's name
 
  private:

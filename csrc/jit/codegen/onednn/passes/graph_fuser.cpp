@@ -155,12 +155,11 @@ std::vector<std::pair<Node*, const char*>> wrong_post_ops(const BuiltGraph& buil
 
 // The ops a measured speed rule would have kept out (quirks::SpeedRuleTrial, on while FuseGraph
 // runs): marked before they move into a group, for the speed_choices pass.
-thread_local quirks::SpeedRuleTrial* g_trial = nullptr;
-
 void mark_held_back() {
-  if (!g_trial) return;
-  for (const auto& [n, rule] : g_trial->held_back) const_cast<Node*>(n)->s_(kSpeedRule, rule);
-  g_trial->held_back.clear();
+  auto* trial = quirks::SpeedRuleTrial::current();
+  if (!trial) return;
+  for (const auto& [n, rule] : trial->held_back) const_cast<Node*>(n)->s_(kSpeedRule, rule);
+  trial->held_back.clear();
 }
 
 void fuse_block(torch::jit::Block* block, AliasDb& db) {
@@ -254,18 +253,18 @@ void FuseGraph(std::shared_ptr<Graph>& g) {
   {
     // The measured speed rules hold back unless the speed_choices pass is off or the choice is
     // pinned to the rules' side (its default); pinned to oneDNN's, they keep nothing out either.
+    quirks::Fusing fusing;
     std::optional<quirks::SpeedRuleTrial> trial;
     if (speed_rules_measured()) trial.emplace();
-    g_trial = trial ? &*trial : nullptr;
     AliasDb db(g);
     fuse_block(g->block(), db);
-    g_trial = nullptr;
   }
   torch::jit::EliminateDeadCode(g);
   GRAPH_DUMP("After FuseGraph", g);
 }
 
 void FuseBlock(torch::jit::Block* block) {
+  quirks::Fusing fusing;  // no trial: the measured speed rules apply
   give_cat_private_lists(block);
   AliasDb db(block->owningGraph()->shared_from_this());
   fuse_block(block, db);

@@ -151,6 +151,8 @@ Node* insert_guard(Node* group, const std::unordered_set<const Value*>& unwritte
     torch::jit::WithInsertPoint point(fallback->return_node());
     auto outs = torch::jit::insertGraph(*g, *group->g(c10::attr::Subgraph), inputs);
     for (Value* v : outs) fallback->registerOutput(v);
+    for (Node* n : fallback->nodes())  // fused again from scratch when the fallback is optimized
+      if (n->hasAttribute(kSpeedRule)) n->removeAttribute(kSpeedRule);
     torch::jit::removeTensorTypeSpecializations(fallback);
     torch::jit::replaceBlockWithFallbackGraph(fallback, inputs);
   }

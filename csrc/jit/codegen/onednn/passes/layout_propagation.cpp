@@ -23,9 +23,23 @@ namespace {
 // Whether only fusion groups read v's data: aten::size and aten::dim read its sizes, which an LLGA
 // tensor has (a transformers layer reads its input's sizes: counted as a reader, Whisper's residual
 // stream went to PyTorch's transposed strides and was copied twice a layer).
+// Where a speed choice's form returns v (passes/speed_choices.cpp), v's readers are the If's output's.
+const Value* through_speed_choice(const torch::jit::Use& use) {
+  const Node* ret = use.user;
+  if (ret->kind() != c10::prim::Return || !ret->owningBlock()->owningNode()) return nullptr;
+  const Node* branch = ret->owningBlock()->owningNode();
+  if (branch->kind() != c10::prim::If || branch->input(0)->node()->kind() != kSpeedChoice) return nullptr;
+  return branch->output(use.offset);
+}
+
 bool read_by_groups_only(const Value* v) {
   bool read_by_a_group = false;
   for (const auto& use : v->uses()) {
+    if (const Value* out = through_speed_choice(use)) {
+      if (!read_by_groups_only(out)) return false;
+      read_by_a_group = true;
+      continue;
+    }
     // (a speed choice keys its timing by its group's input sizes: it reads no data either)
     if (use.user->kind() == c10::aten::size || use.user->kind() == c10::aten::dim || use.user->kind() == kSpeedChoice) continue;
     if (use.user->kind() != kFusionGroup) return false;

@@ -105,7 +105,10 @@ bool speed_rules_measured() { return !runtime::switched_off("speed_choices") && 
 void SpeedChoices(std::shared_ptr<Graph>& g) {
   std::vector<Node*> groups, marked;
   collect(g->block(), groups, marked);
-  if (pin() == 1u) groups.clear();  // pinned to oneDNN: the fused form alone
+  if (!speed_rules_measured() || pin() == 1u) {  // one form: the rules applied, or (pinned to oneDNN) not
+    strip_marks(g->block());
+    return;
+  }
   for (Node* group : groups) {
     std::string rules = rules_in(group);
     Block* ruled = two_forms(group, rules);

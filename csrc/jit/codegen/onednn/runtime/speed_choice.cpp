@@ -29,6 +29,7 @@ using torch::jit::Stack;
 
 constexpr int kUntimedCalls = 5;  // per form: a group's compilation and its checks (4 calls) run untimed
 constexpr int kTimedCalls = 3;    // per form, alternating
+constexpr size_t kMaxKeys = 16;   // sizes measured; others run the default
 
 const choices::Site& speed_rule_site() {
   static const choices::Site& s = choices::site("speed_rule");
@@ -90,6 +91,7 @@ class SpeedChoice : public std::enable_shared_from_this<SpeedChoice> {
     int decided = -1;
   };
   void decide(AtKey& k, int form, const char* how);
+  int run(int form);
 
   const int64_t id_;
   const size_t inputs_;
@@ -111,12 +113,18 @@ struct Open {
 thread_local std::vector<Open> open_calls;
 
 int SpeedChoice::begin(Stack& stack) {
+  // A new call of this choice on this thread: an entry of an earlier one left open (its block
+  // threw) is stale.
+  while (!open_calls.empty() && open_calls.back().id == id_) open_calls.pop_back();
+  // Keyed by the inputs' ranks, dims in power-of-two buckets (a prompt's length varies call by
+  // call: measured once a bucket) and dtypes.
   choices::Key key{};
   size_t filled = 0;
   for (size_t i = stack.size() - inputs_; i < stack.size(); ++i) {
     const at::Tensor& t = stack[i].toTensor();
+    if (filled + 1 < key.size()) key[filled++] = -t.dim();
     for (int64_t d : t.sizes())
-      if (filled + 1 < key.size()) key[filled++] = d;
+      if (filled + 1 < key.size()) key[filled++] = choices::bucket(d);
     key.back() = key.back() * 31 + static_cast<int64_t>(t.scalar_type()) + 1;
   }
   auto pin = choices::pinned(speed_rule_site());
@@ -124,6 +132,10 @@ int SpeedChoice::begin(Stack& stack) {
   size_t slot = 0;
   while (slot < keys_.size() && keys_[slot].key != key) ++slot;
   if (slot == keys_.size()) {
+    if (keys_.size() >= kMaxKeys) {  // sizes that rarely repeat: the default, untimed
+      torch::jit::drop(stack, inputs_);
+      return run(1);
+    }
     keys_.emplace_back();
     keys_.back().key = key;
     for (size_t i = stack.size() - inputs_; i < stack.size(); ++i) {
@@ -133,20 +145,27 @@ int SpeedChoice::begin(Stack& stack) {
   }
   AtKey& k = keys_[slot];
   torch::jit::drop(stack, inputs_);
-  if (k.decided >= 0) return k.decided;
+  if (k.decided >= 0) return run(k.decided);
   if (pin) {
     decide(k, *pin == 1 ? 0 : 1, "pinned");
-    return k.decided;
+    return run(k.decided);
   }
+  // The rule's form (the default) first, then the fused one, untimed; then in turn, timed.
   const int call = k.calls++;
-  if (call < 2 * kUntimedCalls) return call < kUntimedCalls ? 0 : 1;
+  if (call < 2 * kUntimedCalls) return run(call < kUntimedCalls ? 1 : 0);
   if (choices::machine_busy()) {  // no timing beside other work: the default (the rule's form)
     if (++k.busy >= choices::kBusyTries) decide(k, 1, "kept: machine busy");
-    return 1;
+    return run(1);
   }
-  const int form = call % 2;
+  const int form = run(call % 2);
   lock.unlock();
   open_calls.push_back({weak_from_this(), id_, slot, form, choices::now_ns()});
+  return form;
+}
+
+// Under mutex_: a form about to run (again): its partitions are no longer released.
+int SpeedChoice::run(int form) {
+  released_[form] = false;
   return form;
 }
 
@@ -169,13 +188,17 @@ void SpeedChoice::decide(AtKey& k, int form, const char* how) {
   if (k.timed[0] && k.timed[1]) times = {{"pytorch", k.best[1] / 1e3}, {"onednn", k.best[0] / 1e3}};
   choices::record({"speed_rule", subject_, k.described, form == 0 ? "onednn" : "pytorch", how, std::move(times), id_,
                    site.margin, site.margin_ns});
-  // The other form's compiled partitions go, unless another size chose it.
-  const int loser = 1 - form;
-  bool wanted = false;
-  for (const AtKey& other : keys_) wanted = wanted || other.decided == loser;
-  if (!wanted && !released_[loser]) {
-    released_[loser] = true;
-    release_groups(groups_[loser]);
+  // A form no size chose goes (its compiled partitions, oneDNN's reordered weights), once every
+  // size is decided: one still measured would recompile it into its timing.
+  for (const AtKey& other : keys_)
+    if (other.decided < 0) return;
+  for (int f = 0; f < 2; ++f) {
+    bool wanted = false;
+    for (const AtKey& other : keys_) wanted = wanted || other.decided == f;
+    if (!wanted && !released_[f]) {
+      released_[f] = true;
+      release_groups(groups_[f]);
+    }
   }
 }
 
@@ -193,15 +216,12 @@ torch::jit::RegisterOperators registered({
         [](const Node* node) -> torch::jit::Operation {
           const int64_t id = node->i(kChoiceId);
           return [id](Stack&) {
-            // Only a timed call of this choice left an entry (an exception may have left an
-            // older one of another: dropped as well).
-            while (!open_calls.empty()) {
-              Open call = open_calls.back();
-              open_calls.pop_back();
-              if (call.id != id) continue;
-              if (auto choice = call.choice.lock()) choice->end(call.form, call.slot, choices::now_ns() - call.start);
-              return;
-            }
+            // Only a timed call of this choice left an entry, on top (another choice's call in
+            // its block, a group's fallback optimized on its own, has ended by now).
+            if (open_calls.empty() || open_calls.back().id != id) return;
+            Open call = open_calls.back();
+            open_calls.pop_back();
+            if (auto choice = call.choice.lock()) choice->end(call.form, call.slot, choices::now_ns() - call.start);
           };
         },
         c10::AliasAnalysisKind::CONSERVATIVE),  // no inputs to write; side effects keep it
