@@ -14,16 +14,21 @@ def _speed_forms():
     return chosen
 
 
+def _running_form(node, forms):
+    """The block that runs of a speed choice's If (its chosen form), or None for any other node."""
+    cond = next(node.inputs()).node() if node.kind() == "prim::If" else None
+    if cond is None or cond.kind() != "llga::SpeedChoice":
+        return None
+    return list(node.blocks())[forms.get(cond.i("choice_id"), 1)]
+
+
 def running_nodes(block, kind, forms=None):
     """The nodes of `kind` in block and its blocks that run: of a speed choice's two forms, the chosen one."""
     forms = _speed_forms() if forms is None else forms
     found = []
     for n in block.nodes():
-        blocks = list(n.blocks())
-        cond = next(n.inputs()).node() if n.kind() == "prim::If" else None
-        if cond is not None and cond.kind() == "llga::SpeedChoice":
-            blocks = [blocks[forms.get(cond.i("choice_id"), 1)]]
-        for b in blocks:
+        form = _running_form(n, forms)
+        for b in [form] if form is not None else n.blocks():
             found += running_nodes(b, kind, forms)
         if n.kind() == kind:
             found.append(n)
@@ -68,9 +73,9 @@ def unfused_ops(graph):
 
     def top(block):
         for n in block.nodes():
-            cond = next(n.inputs()).node() if n.kind() == "prim::If" else None
-            if cond is not None and cond.kind() == "llga::SpeedChoice":
-                yield from top(list(n.blocks())[forms.get(cond.i("choice_id"), 1)])
+            form = _running_form(n, forms)
+            if form is not None:
+                yield from top(form)
             elif n.kind().startswith("aten::"):
                 yield n.kind().replace("aten::", "")
     return list(top(graph.block()))
@@ -135,9 +140,9 @@ class Explanation:
         for n in block.nodes():
             if n.kind() in ("llga::FusionGroup", "llga::SmallPlan", "llga::Guard", "llga::SpeedChoice", "llga::SpeedChoiceEnd"):
                 continue
-            cond = next(n.inputs()).node() if n.kind() == "prim::If" else None
-            if cond is not None and cond.kind() == "llga::SpeedChoice":  # the form that runs
-                self._collect_unfused(list(n.blocks())[forms.get(cond.i("choice_id"), 1)], forms)
+            form = _running_form(n, forms)
+            if form is not None:  # a speed choice: the form that runs
+                self._collect_unfused(form, forms)
                 continue
             if n.kind() == "prim::If" and any(b.findNode("llga::FusionGroup") or b.findNode("llga::SmallPlan") for b in n.blocks()):
                 continue  # a guard's branch: the group (or plan) and its fallback

@@ -128,6 +128,9 @@ class FusionKernel {
   std::once_flag fallback_code_once_;
 };
 
+// What torch.profiler shows for a group of this subgraph: "llga::FusionGroup[_convolution+relu]".
+std::string fusion_group_name(const torch::jit::Graph& subgraph);
+
 // Releases the compiled partitions of the groups in g (also inside its blocks and the optimized
 // graphs of its fallback functions), or of every group in the process when g is null.
 // Returns how many compiled partitions were dropped.

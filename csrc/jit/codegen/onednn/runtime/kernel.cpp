@@ -83,14 +83,8 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
       cache_(&runtime::stats().evictions) {
   group_id_ = node->hasAttribute(kGroupId) ? node->i(kGroupId) : -1;
   register_kernel(group_id_, this);
-  // What torch.profiler shows for this group: "llga::FusionGroup[_convolution+relu]".
-  profiler_name_ = "llga::FusionGroup[";
-  for (const Node* n : subgraph_->nodes()) {
-    if (n->kind() != c10::prim::Constant)
-      profiler_name_ += std::string(profiler_name_.back() == '[' ? "" : "+") + n->kind().toUnqualString();
-    held_back_op_ = held_back_op_ || n->hasAttribute(kSpeedRule);
-  }
-  profiler_name_ += "]";
+  profiler_name_ = fusion_group_name(*subgraph_);
+  for (const Node* n : subgraph_->nodes()) held_back_op_ = held_back_op_ || n->hasAttribute(kSpeedRule);
   whole_fallback_ = !bind(node);
   if (!whole_fallback_)
     for (const InPort& port : in_ports_) constant_bytes_ += port.constant.defined() ? port.constant.nbytes() : 0;
@@ -102,6 +96,13 @@ FusionKernel::FusionKernel(const torch::jit::Node* node)
 
 FusionKernel::~FusionKernel() {
   unregister_kernel(group_id_, this);
+}
+
+std::string fusion_group_name(const torch::jit::Graph& subgraph) {
+  std::string name = "llga::FusionGroup[";
+  for (const Node* n : subgraph.nodes())
+    if (n->kind() != c10::prim::Constant) name += std::string(name.back() == '[' ? "" : "+") + n->kind().toUnqualString();
+  return name + "]";
 }
 
 void FusionKernel::release() {

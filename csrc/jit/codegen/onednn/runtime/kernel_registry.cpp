@@ -22,6 +22,8 @@ namespace {
 std::mutex& g_kernels_mutex = *new std::mutex;
 std::unordered_multimap<int64_t, FusionKernel*>& g_kernels = *new std::unordered_multimap<int64_t, FusionKernel*>;  // by group id
 
+}  // namespace
+
 void collect_group_ids(const torch::jit::Block* b, std::unordered_set<int64_t>& out) {
   for (const Node* n : b->nodes()) {
     for (const auto* inner : n->blocks()) collect_group_ids(inner, out);
@@ -36,8 +38,6 @@ void collect_group_ids(const torch::jit::Block* b, std::unordered_set<int64_t>& 
     }
   }
 }
-
-}  // namespace
 
 void register_kernel(int64_t group_id, FusionKernel* kernel) {
   std::lock_guard<std::mutex> lock(g_kernels_mutex);
@@ -55,7 +55,7 @@ void unregister_kernel(int64_t group_id, FusionKernel* kernel) {
   if (g_kernels.count(group_id) == 0) choices::forget_group(group_id);
 }
 
-void release_groups(const std::vector<int64_t>& group_ids) {
+void release_groups(const std::unordered_set<int64_t>& group_ids) {
   std::lock_guard<std::mutex> lock(g_kernels_mutex);
   for (int64_t id : group_ids) {
     auto [first, last] = g_kernels.equal_range(id);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "jit/codegen/onednn/mapping/llga_nodes.h"
@@ -36,13 +37,6 @@ const choices::Site& speed_rule_site() {
   return s;
 }
 
-void group_ids(const torch::jit::Block* b, std::vector<int64_t>& out) {
-  for (const Node* n : b->nodes()) {
-    for (const auto* inner : n->blocks()) group_ids(inner, out);
-    if (n->kind() == kFusionGroup && n->hasAttribute(kGroupId)) out.push_back(n->i(kGroupId));
-  }
-}
-
 const Node* first_group(const torch::jit::Block* b) {
   for (const Node* n : b->nodes()) {
     if (n->kind() == kFusionGroup) return n;
@@ -58,17 +52,8 @@ class SpeedChoice : public std::enable_shared_from_this<SpeedChoice> {
     rules_ = node->s(kSpeedRules);
     const Node* branch = node->output()->uses().size() == 1 ? node->output()->uses()[0].user : nullptr;
     if (branch && branch->kind() == c10::prim::If) {
-      for (size_t form = 0; form < 2; ++form) group_ids(branch->blocks()[form], groups_[form]);
-      if (const Node* group = first_group(branch->blocks()[0])) {
-        subject_ = "llga::FusionGroup[";
-        bool first = true;
-        for (const Node* op : group->g(c10::attr::Subgraph)->nodes()) {
-          if (!op->kind().is_aten()) continue;
-          subject_ += (first ? "" : "+") + std::string(op->kind().toUnqualString());
-          first = false;
-        }
-        subject_ += "]";
-      }
+      for (size_t form = 0; form < 2; ++form) collect_group_ids(branch->blocks()[form], groups_[form]);
+      if (const Node* group = first_group(branch->blocks()[0])) subject_ = fusion_group_name(*group->g(c10::attr::Subgraph));
     }
     subject_ += " against " + rules_;
   }
@@ -78,8 +63,6 @@ class SpeedChoice : public std::enable_shared_from_this<SpeedChoice> {
   // The form this call runs: 0 the fused group, 1 the rule's (the If's condition: form 0).
   int begin(Stack& stack);
   void end(int form, size_t slot, double ns);
-
-  int64_t id() const { return id_; }
 
  private:
   struct AtKey {
@@ -96,7 +79,7 @@ class SpeedChoice : public std::enable_shared_from_this<SpeedChoice> {
   const int64_t id_;
   const size_t inputs_;
   std::string rules_, subject_ = "llga::FusionGroup";
-  std::vector<int64_t> groups_[2];
+  std::unordered_set<int64_t> groups_[2];
   bool released_[2] = {false, false};
   std::mutex mutex_;
   std::vector<AtKey> keys_;  // few: one per set of input sizes
